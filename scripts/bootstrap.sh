@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Set up this machine for tfcluster: the apt packages the local provider needs and the controller's
+# virtual environment (.venv). Safe to re-run; it does only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-/usr/bin/python3}
+APT_PACKAGES=(openssh-server openssh-client iproute2 python3-venv rsync procps util-linux)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "==> bootstrap: installing apt packages: ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: must run as root to install ${missing[*]} (the local provider also needs root)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian's openssh-server package starts nothing here (no init system); tfcluster runs its own sshd per node.
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "==> bootstrap: creating $VENV with $PYTHON"
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.tfcluster-installed"
+if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "==> bootstrap: installing Python packages into $VENV (first time: about a minute)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements.txt
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e .
+  touch "$stamp"
+fi
+echo "==> bootstrap: ready ($VENV)"

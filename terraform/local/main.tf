@@ -1,0 +1,73 @@
+# Local provider: each node is a set of Linux namespaces on a private bridge, made and removed by
+# tfcluster/localnode.py from terraform_data provisioners. Destroy-time provisioners may read only
+# self, so every input the teardown needs is kept in the resource's `input`.
+
+locals {
+  python    = var.provider_options["python"]
+  state_dir = var.provider_options["state_dir"]
+  subnet    = var.provider_options["subnet"]
+  prefixlen = tonumber(split("/", local.subnet)[1])
+  gateway   = cidrhost(local.subnet, 1)
+  cluster_h = substr(sha1(var.cluster_name), 0, 10)
+
+  ordered = concat(
+    [for i in range(var.ps_count) : { role = "ps", index = i }],
+    [for i in range(var.worker_count) : { role = "worker", index = i }],
+    [for i in range(var.chief_count) : { role = "chief", index = i }],
+  )
+  nodes = [for pos, n in local.ordered : {
+    name       = "${var.cluster_name}-${n.role}-${n.index}"
+    role       = n.role
+    index      = n.index
+    position   = pos
+    private_ip = cidrhost(local.subnet, 10 + pos)
+  }]
+}
+
+resource "terraform_data" "network" {
+  input = {
+    python       = local.python
+    bridge       = "tfb${local.cluster_h}"
+    gateway_cidr = "${local.gateway}/${local.prefixlen}"
+  }
+
+  provisioner "local-exec" {
+    interpreter = [self.input.python, "-m", "tfcluster.localnode", "network-up"]
+    command     = jsonencode(self.input)
+  }
+
+  provisioner "local-exec" {
+    when        = destroy
+    interpreter = [self.input.python, "-m", "tfcluster.localnode", "network-down"]
+    command     = jsonencode(self.input)
+  }
+}
+
+resource "terraform_data" "node" {
+  for_each = { for n in local.nodes : n.name => n }
+
+  input = {
+    python         = local.python
+    name           = each.value.name
+    netns          = "tfc_${var.cluster_name}_${each.value.name}"
+    ip             = each.value.private_ip
+    prefix_len     = local.prefixlen
+    gateway_ip     = local.gateway
+    bridge         = terraform_data.network.output.bridge
+    veth           = format("tfv%s%02x", substr(local.cluster_h, 0, 6), each.value.position)
+    node_dir       = "${local.state_dir}/nodes/${each.value.name}"
+    ssh_public_key = var.ssh_public_key
+    ssh_timeout    = lookup(var.provider_options, "ssh_timeout", "20")
+  }
+
+  provisioner "local-exec" {
+    interpreter = [self.input.python, "-m", "tfcluster.localnode", "node-up"]
+    command     = jsonencode(self.input)
+  }
+
+  provisioner "local-exec" {
+    when        = destroy
+    interpreter = [self.input.python, "-m", "tfcluster.localnode", "node-down"]
+    command     = jsonencode(self.input)
+  }
+}

@@ -1,0 +1,14 @@
+output "nodes" {
+  description = "The shared node list: name, role, index, private_ip, public_ip, ssh_user, ssh_port, gpus."
+  value = [for n in local.nodes : {
+    name       = n.name
+    role       = n.role
+    index      = n.index
+    private_ip = n.private_ip
+    public_ip  = n.private_ip
+    ssh_user   = var.ssh_user == "" ? "root" : var.ssh_user
+    ssh_port   = 22
+    gpus       = 0
+  }]
+  depends_on = [terraform_data.node]
+}

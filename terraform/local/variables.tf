@@ -1,0 +1,117 @@
+# The shared interface: every provider module under terraform/ declares exactly these inputs
+# (tests/unit/test_terraform_interface.py checks it). Provider-specific settings travel in
+# provider_options.
+
+variable "cluster_name" {
+  description = "Cluster name; node, host and resource names derive from it."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{0,18}[a-z0-9]$", var.cluster_name))
+    error_message = "cluster_name: 2-20 characters, lowercase letters, digits and '-', starting with a letter."
+  }
+}
+
+variable "ps_count" {
+  description = "Number of parameter-server nodes."
+  type        = number
+  validation {
+    condition     = var.ps_count >= 0 && var.ps_count == floor(var.ps_count)
+    error_message = "ps_count: a whole number >= 0."
+  }
+}
+
+variable "worker_count" {
+  description = "Number of worker nodes."
+  type        = number
+  validation {
+    condition     = var.worker_count >= 0 && var.worker_count == floor(var.worker_count)
+    error_message = "worker_count: a whole number >= 0."
+  }
+}
+
+variable "chief_count" {
+  description = "Number of chief nodes (0 or 1)."
+  type        = number
+  validation {
+    condition     = contains([0, 1], var.chief_count)
+    error_message = "chief_count: 0 or 1."
+  }
+}
+
+variable "instance_types" {
+  description = "Instance type per role (ps, worker, chief); '' means the provider's default. Ignored by local."
+  type        = map(string)
+  default     = {}
+}
+
+variable "images" {
+  description = "Image per role; '' means the provider's default. Ignored by local (nodes overlay the host's /)."
+  type        = map(string)
+  default     = {}
+}
+
+variable "gpus" {
+  description = "GPUs per node, per role."
+  type        = map(number)
+  default     = {}
+  validation {
+    condition     = alltrue([for g in values(var.gpus) : g == 0])
+    error_message = "gpus: local nodes have no GPUs; every value must be 0."
+  }
+}
+
+variable "ssh_public_key" {
+  description = "The run's SSH public key (OpenSSH format), authorised on every node."
+  type        = string
+  validation {
+    condition     = can(regex("^ssh-(ed25519|rsa) ", var.ssh_public_key))
+    error_message = "ssh_public_key: an OpenSSH public key starting with ssh-ed25519 or ssh-rsa."
+  }
+}
+
+variable "ssh_user" {
+  description = "SSH user on the nodes; '' means the provider's default (root on local)."
+  type        = string
+  default     = ""
+}
+
+variable "allowed_ssh_cidrs" {
+  description = "Networks allowed to reach SSH. Local nodes are reachable only from this host's bridge."
+  type        = list(string)
+  default     = []
+}
+
+variable "tf_port" {
+  description = "TensorFlow gRPC port, reachable only between cluster members."
+  type        = number
+  default     = 2222
+  validation {
+    condition     = var.tf_port >= 1024 && var.tf_port <= 65535
+    error_message = "tf_port: 1024-65535."
+  }
+}
+
+variable "bucket" {
+  description = "S3 bucket of the run (clouds grant the nodes access to it alone)."
+  type        = string
+}
+
+variable "prefix" {
+  description = "Key prefix of the run inside the bucket."
+  type        = string
+}
+
+variable "max_runtime_minutes" {
+  description = "Hard limit of the run; nodes stop themselves after it."
+  type        = number
+  validation {
+    condition     = var.max_runtime_minutes >= 1
+    error_message = "max_runtime_minutes: >= 1."
+  }
+}
+
+variable "provider_options" {
+  description = "Provider-specific settings. Local: python (interpreter with tfcluster), state_dir, subnet (CIDR), ssh_timeout."
+  type        = map(string)
+  default     = {}
+}

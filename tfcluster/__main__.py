@@ -1,0 +1,7 @@
+"""``python -m tfcluster`` is the ``tfcluster`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

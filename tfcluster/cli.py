@@ -1,0 +1,120 @@
+"""The ``tfcluster`` command. Exit codes: 0 ok, 1 failure, 2 bad configuration/arguments, 3 refused."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import cluster, config, store
+from .errors import EXIT_USAGE, ConfigError, TfclusterError
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("configuration (defaults < --config file < these options)")
+    g.add_argument("-c", "--config", default=os.environ.get("TFCLUSTER_CONFIG", ""),
+                   help="cluster file (YAML); none = built-in defaults (a local run)")
+    g.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one field, e.g. --set training.learning_rate=0.01 (repeatable)")
+    g.add_argument("--cluster", help="cluster name (field cluster)")
+    g.add_argument("--provider", help="provider: " + ", ".join(config.PROVIDERS))
+    g.add_argument("--ps", help="number of parameter servers (nodes.ps.count)")
+    g.add_argument("--workers", help="number of workers (nodes.worker.count)")
+    g.add_argument("--steps", help="training steps (training.steps)")
+
+
+def spec_from_args(args: argparse.Namespace) -> config.RunSpec:
+    """Resolve the run's configuration from the file and the overrides; precedence: named option last."""
+    overrides: dict = {}
+    for item in args.sets:
+        key, value = config.parse_set(item)
+        overrides[key] = value
+    for flag, field in config.OVERRIDE_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value not in (None, ""):
+            overrides[field] = value
+    return config.resolve(config.load_file(args.config), overrides)
+
+
+def cluster_name(args: argparse.Namespace) -> str:
+    """The cluster a command acts on: --cluster, else the config file's, else the default."""
+    return spec_from_args(args).cluster
+
+
+def cmd_validate(args) -> int:
+    spec = spec_from_args(args)
+    print(json.dumps(spec.to_dict(), indent=2))
+    print(f"configuration is valid: cluster {spec.cluster}, provider {spec.provider}, "
+          f"{spec.count('ps')} ps + {spec.count('worker')} workers + {spec.count('chief')} chief",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_up(args) -> int:
+    cluster.up(spec_from_args(args))
+    return 0
+
+
+def cmd_down(args) -> int:
+    spec = spec_from_args(args)
+    cluster.down(spec.cluster, force=args.force, provider_name=spec.provider)
+    return 0
+
+
+def cmd_status(args) -> int:
+    return cluster.status(cluster_name(args))
+
+
+def cmd_store(args) -> int:
+    if args.action == "start":
+        print(store.ensure_running())
+    elif args.action == "stop":
+        store.stop()
+    else:
+        running = store.is_running()
+        print(f"local S3 store at {store.local_endpoint()}: {'running' if running else 'stopped'}")
+        return 0 if running else 1
+    return 0
+
+
+def cmd_reference(args) -> int:
+    print(config.reference())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tfcluster", description=__doc__.split(". ")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name, fn, help_text):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(fn=fn)
+        return p
+
+    _config_args(add("validate", cmd_validate, "check the configuration and print it with defaults filled"))
+    _config_args(add("up", cmd_up, "provision the cluster's nodes and check Ansible reaches them"))
+    p = add("down", cmd_down, "destroy the cluster and prove nothing of it remains")
+    _config_args(p)
+    p.add_argument("--force", action="store_true", help="destroy even if a model or logs would be lost")
+    _config_args(add("status", cmd_status, "list nodes, roles, addresses and whether each answers SSH"))
+    p = add("store", cmd_store, "the local S3-compatible store (outlives clusters)")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    add("config-reference", cmd_reference, "print the configuration fields as a Markdown table")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as exc:
+        print(f"tfcluster: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TfclusterError as exc:
+        print(f"tfcluster: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("tfcluster: interrupted; run 'make down' to remove anything that was created", file=sys.stderr)
+        return 130

@@ -1,0 +1,164 @@
+"""Cluster lifecycle: up, down, status. Each step prints what it does and how long it took."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+
+from . import ansible_run, inventory, store
+from .config import RunSpec, flatten, resolve
+from .errors import ProvisionError, TfclusterError
+from .paths import ClusterState
+from .providers import get_provider
+from .providers.base import Node, read_nodes, write_nodes
+
+
+def say(msg: str) -> None:
+    print(f"==> {msg}", flush=True)
+
+
+@contextmanager
+def phase(name: str):
+    start = time.monotonic()
+    say(f"{name} ...")
+    yield
+    say(f"{name}: done in {time.monotonic() - start:.1f}s")
+
+
+def save_spec(state: ClusterState, spec: RunSpec) -> None:
+    state.spec.write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+
+
+def load_spec(state: ClusterState) -> RunSpec | None:
+    """The spec the cluster was brought up with (re-validated), or None."""
+    if not state.spec.exists():
+        return None
+    return resolve(flatten(json.loads(state.spec.read_text())))
+
+
+def ensure_ssh_key(state: ClusterState) -> str:
+    """The run's ed25519 client key (0600), created on first use; returns the public key."""
+    state.ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(state.ssh_dir, 0o700)
+    if not state.ssh_key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"tfcluster-{state.cluster}",
+                        "-f", str(state.ssh_key)], check=True, capture_output=True)
+    os.chmod(state.ssh_key, 0o600)
+    state.known_hosts.touch(mode=0o600)
+    return state.ssh_key.with_suffix(".pub").read_text().strip()
+
+
+def prepare_storage(spec: RunSpec) -> None:
+    """Start the local store when the run uses it, and make sure the bucket exists."""
+    if store.endpoint_for(spec) == store.local_endpoint():
+        store.ensure_running(log=say)
+    s3 = store.client(spec)
+    store.ensure_bucket(s3, spec.get("storage.bucket"), spec.get("storage.region"))
+    say(f"storage: s3://{spec.get('storage.bucket')}/ at {store.endpoint_for(spec) or 'AWS S3'}")
+
+
+def wait_for_ssh(state: ClusterState, nodes: list[Node], timeout: int) -> None:
+    """Until Ansible pings every node, or fail naming the nodes that never answered."""
+    deadline = time.monotonic() + timeout
+    while True:
+        res = ansible_run.ping(state, timeout=10)
+        bad = [n.name for n in nodes if f"{n.name} | SUCCESS" not in res.stdout]
+        if not bad:
+            say(f"ansible reaches all {len(nodes)} nodes")
+            return
+        if time.monotonic() > deadline:
+            detail = "\n".join(line for line in (res.stdout + res.stderr).splitlines()
+                               if any(b in line for b in bad))
+            raise ProvisionError(f"nodes not reachable over SSH after {timeout}s: {', '.join(bad)}\n{detail}")
+        time.sleep(2)
+
+
+def up(spec: RunSpec) -> list[Node]:
+    state = ClusterState(spec.cluster)
+    provider = get_provider(spec.provider, state)
+    provider.check(spec)  # refuse before anything is created
+    previous = load_spec(state) if state.spec.exists() else None
+    if previous and previous.provider != spec.provider:
+        raise TfclusterError(f"cluster {spec.cluster} is up on provider {previous.provider}; "
+                             f"run 'make down CLUSTER={spec.cluster}' first")
+    state.dir.mkdir(parents=True, exist_ok=True)
+    save_spec(state, spec)
+    public_key = ensure_ssh_key(state)
+    with phase("storage"):
+        prepare_storage(spec)
+    with phase(f"provision {spec.node_total} nodes on provider {spec.provider}"):
+        try:
+            nodes = provider.up(spec, public_key)
+        except TfclusterError as exc:
+            raise ProvisionError(f"{exc}\nprovisioning failed; 'make down CLUSTER={spec.cluster}' removes "
+                                 f"whatever was created") from None
+    write_nodes(state.nodes, nodes)
+    inventory.write(state, nodes, spec.get("network.tf_port"), spec.provider)
+    with phase("wait for SSH on every node"):
+        wait_for_ssh(state, nodes, spec.get("ssh.timeout_seconds"))
+    print_nodes(nodes)
+    return nodes
+
+
+def print_nodes(nodes: list[Node], extra: dict[str, str] | None = None) -> None:
+    header = f"{'NODE':<28} {'ROLE':<7} {'INDEX':>5} {'PRIVATE IP':<15} {'SSH':<22}"
+    print(header + ("  STATE" if extra else ""))
+    for n in nodes:
+        line = f"{n.name:<28} {n.role:<7} {n.index:>5} {n.private_ip:<15} " \
+               f"{n.ssh_user + '@' + n.public_ip + ':' + str(n.ssh_port):<22}"
+        print(line + (f"  {extra.get(n.name, '')}" if extra else ""))
+
+
+def ssh_answers(node: Node, timeout: float = 2.0) -> bool:
+    try:
+        with socket.create_connection((node.public_ip, node.ssh_port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return s.recv(4).startswith(b"SSH")
+    except OSError:
+        return False
+
+
+def status(cluster: str) -> int:
+    state = ClusterState(cluster)
+    nodes = read_nodes(state.nodes)
+    if not nodes:
+        print(f"cluster {cluster}: not up (no {state.nodes})")
+        return 1
+    spec = load_spec(state)
+    print(f"cluster {cluster}: provider {spec.provider if spec else '?'}, {len(nodes)} nodes")
+    answers = {n.name: ("ssh ok" if ssh_answers(n) else "ssh DOWN") for n in nodes}
+    print_nodes(nodes, answers)
+    return 0 if all(v == "ssh ok" for v in answers.values()) else 1
+
+
+def down(cluster: str, force: bool = False, provider_name: str | None = None) -> None:
+    """Destroy the cluster from its state alone, then prove nothing of it remains."""
+    state = ClusterState(cluster)
+    spec = load_spec(state) if state.spec.exists() else None
+    name = spec.provider if spec else (provider_name or "local")
+    provider = get_provider(name, state)
+    if not state.exists():
+        say(f"cluster {cluster}: no state under {state.dir}; checking for leftovers")
+    with phase(f"destroy cluster {cluster} ({name})"):
+        try:
+            provider.down()
+        except TfclusterError as exc:
+            say(f"terraform destroy reported: {str(exc).splitlines()[0]}; cleaning up directly")
+        provider.force_cleanup()
+    left = provider.leftovers()
+    if left:
+        raise ProvisionError(f"cluster {cluster}: still present after down:\n  " + "\n  ".join(left))
+    for path in (state.ssh_dir, state.terraform_dir, state.dir / "cp", state.dir / "ansible-tmp"):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in (state.nodes, state.inventory, state.spec):
+        path.unlink(missing_ok=True)
+    kept = sorted(p.name for p in state.dir.iterdir()) if state.exists() else []
+    if state.exists() and not kept:
+        state.dir.rmdir()
+    say(f"cluster {cluster} is down: no node, namespace, bridge or node process remains"
+        + (f" (kept: {', '.join(kept)} in {state.dir})" if kept else ""))

@@ -1,0 +1,36 @@
+"""Error types and the exit codes the CLI maps them to."""
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2  # bad configuration or arguments: nothing was created
+
+
+class TfclusterError(Exception):
+    """A failure the user can act on; printed without a traceback."""
+
+    exit_code = EXIT_FAILURE
+
+
+class ConfigError(TfclusterError):
+    """A bad value in the configuration, an override or an argument.
+
+    The message names the field, the bad value and what is allowed.
+    """
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, field: str, value, allowed: str):
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"invalid configuration: {field}: got {value!r}; allowed: {allowed}")
+
+
+class ProvisionError(TfclusterError):
+    """Provisioning or teardown failed."""
+
+
+class GuardError(TfclusterError):
+    """A destructive step was refused to keep something the user cares about."""
+
+    exit_code = 3

@@ -1,0 +1,291 @@
+"""Local provider nodes: what ``terraform/local`` runs in its create and destroy provisioners.
+
+A node is a network namespace on the cluster's bridge (its own address), a UTS namespace (its own
+hostname) and a mount namespace whose root is an overlay of the host's ``/`` with a per-node upper
+directory, so installs on one node touch neither the host nor the other nodes. Its sshd, with a per-node
+host key and the run's client key, is the node's first process; everything Ansible starts on it is a
+child of that sshd and lives in the same namespaces.
+
+Called as ``python -m tfcluster.localnode ACTION JSON`` (ACTION: network-up, network-down, node-up,
+node-down); the JSON object carries the module's inputs, so destroy works from Terraform state alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NETNS_PREFIX = "tfc_"
+FAULT_ENV = "TFCLUSTER_FAULT_NODE_UP"  # test hook: "<node>:fail" or "<node>:nosshd"
+
+
+class NodeError(RuntimeError):
+    pass
+
+
+def _short(text: str, n: int) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:n]
+
+
+def bridge_name(cluster: str) -> str:
+    return "tfb" + _short(cluster, 10)
+
+
+def veth_prefix(cluster: str) -> str:
+    return "tfv" + _short(cluster, 6)
+
+
+def veth_name(cluster: str, position: int) -> str:
+    return f"{veth_prefix(cluster)}{position:02x}"
+
+
+def netns_name(cluster: str, node: str) -> str:
+    """Namespace of a node; cluster names have no '_', so the prefix is unique per cluster."""
+    return f"{NETNS_PREFIX}{cluster}_{node}"
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def link_exists(name: str) -> bool:
+    return _ip("link", "show", "dev", name, check=False).returncode == 0
+
+
+def list_netns() -> list[str]:
+    out = _ip("netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def netns_pids(ns: str) -> list[int]:
+    res = _ip("netns", "pids", ns, check=False)
+    return [int(p) for p in res.stdout.split() if p.strip().isdigit()]
+
+
+def list_links(prefix: str) -> list[str]:
+    out = _ip("-o", "link", "show", check=False).stdout
+    names = []
+    for line in out.splitlines():
+        name = line.split(":", 2)[1].strip().split("@")[0]
+        if name.startswith(prefix):
+            names.append(name)
+    return names
+
+
+# --------------------------------------------------------------------------------------------------
+# network
+def network_up(p: dict) -> None:
+    br = p["bridge"]
+    if not link_exists(br):
+        _ip("link", "add", "name", br, "type", "bridge")
+    addrs = _ip("-o", "addr", "show", "dev", br).stdout
+    if f" {p['gateway_cidr']} " not in addrs + " ":
+        _ip("addr", "replace", p["gateway_cidr"], "dev", br)
+    _ip("link", "set", br, "up")
+
+
+def network_down(p: dict) -> None:
+    if link_exists(p["bridge"]):
+        _ip("link", "del", p["bridge"])
+
+
+# --------------------------------------------------------------------------------------------------
+# node
+SSHD_CONFIG = """\
+# tfcluster local node {name}: sshd is this node's first process.
+ListenAddress {ip}
+Port 22
+HostKey /etc/ssh/tfcluster_host_ed25519_key
+PidFile /run/tfcluster-sshd.pid
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+AuthorizedKeysFile /etc/ssh/tfcluster_authorized_keys
+StrictModes yes
+PrintMotd no
+MaxStartups 64:30:128
+MaxSessions 64
+ClientAliveInterval 15
+ClientAliveCountMax 4
+Subsystem sftp internal-sftp
+"""
+
+INIT_SCRIPT = """\
+set -eu
+hostname "$TFC_NAME"
+M="$TFC_DIR/merged"
+mount -t overlay overlay -o "lowerdir=/,upperdir=$TFC_DIR/upper,workdir=$TFC_DIR/work" "$M"
+mount -t proc proc "$M/proc"
+mount -t sysfs sysfs "$M/sys"
+mount --rbind /dev "$M/dev"
+mount -t tmpfs -o mode=0755 tmpfs "$M/run"
+mkdir -p "$M/run/sshd" "$M/run/netns"
+echo "node $TFC_NAME: root is an overlay of / (upper: $TFC_DIR/upper)"
+cd /
+if [ "${TFC_NOSSHD:-}" = 1 ]; then exec sleep infinity; fi
+exec chroot "$M" /usr/sbin/sshd -D -e -f /etc/ssh/tfcluster_sshd_config
+"""
+
+
+def _prepare_root(node_dir: Path, p: dict) -> None:
+    upper = node_dir / "upper"
+    for d in ("work", "merged"):
+        (node_dir / d).mkdir(parents=True, exist_ok=True)
+    ssh_dir = upper / "etc" / "ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(upper / "etc", 0o755)
+    os.chmod(ssh_dir, 0o755)
+    key = ssh_dir / "tfcluster_host_ed25519_key"
+    if not key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", p["name"], "-f", str(key)],
+                       check=True, capture_output=True)
+    (ssh_dir / "tfcluster_sshd_config").write_text(SSHD_CONFIG.format(**p))
+    auth = ssh_dir / "tfcluster_authorized_keys"
+    auth.write_text(p["ssh_public_key"].strip() + "\n")
+    os.chmod(auth, 0o600)
+    (upper / "etc" / "hostname").write_text(p["name"] + "\n")
+    hosts = upper / "etc" / "hosts"
+    hosts.write_text(f"127.0.0.1 localhost\n{p['ip']} {p['name']}\n")
+    os.chmod(hosts, 0o644)
+
+
+def _wait_port(ip: str, port: int, timeout: float, alive) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            return False
+        try:
+            with socket.create_connection((ip, port), timeout=1.0) as s:
+                if s.recv(4).startswith(b"SSH"):
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def _fault_for(name: str) -> str:
+    spec = os.environ.get(FAULT_ENV, "")
+    for item in spec.split(","):
+        node, _, kind = item.partition(":")
+        if node == name:
+            return kind or "fail"
+    return ""
+
+
+def node_up(p: dict) -> None:
+    name, ns, node_dir = p["name"], p["netns"], Path(p["node_dir"])
+    fault = _fault_for(name)
+    if ns in list_netns() and netns_pids(ns):
+        if _wait_port(p["ip"], 22, 2, lambda: True):
+            print(f"node {name}: already up at {p['ip']}")
+            return
+        node_down(p)  # half-made: start over
+    node_dir.mkdir(parents=True, exist_ok=True)
+    _prepare_root(node_dir, p)
+    if ns not in list_netns():
+        _ip("netns", "add", ns)
+    veth, peer = p["veth"], p["veth"] + "p"
+    if not link_exists(veth):
+        _ip("link", "add", veth, "type", "veth", "peer", "name", peer)
+        _ip("link", "set", peer, "netns", ns)
+    _ip("link", "set", veth, "master", p["bridge"])
+    _ip("link", "set", veth, "up")
+    inside = ["ip", "-n", ns]
+    for cmd in (["link", "set", "lo", "up"],):
+        subprocess.run(inside + cmd, check=True, capture_output=True)
+    links = subprocess.run(inside + ["-o", "link"], capture_output=True, text=True).stdout
+    if f" {peer}@" in links or f" {peer}:" in links:
+        subprocess.run(inside + ["link", "set", peer, "name", "eth0"], check=True, capture_output=True)
+    subprocess.run(inside + ["addr", "replace", f"{p['ip']}/{p['prefix_len']}", "dev", "eth0"],
+                   check=True, capture_output=True)
+    subprocess.run(inside + ["link", "set", "eth0", "up"], check=True, capture_output=True)
+    subprocess.run(inside + ["route", "replace", "default", "via", p["gateway_ip"]],
+                   check=True, capture_output=True)
+    if fault == "fail":
+        raise NodeError(f"node {name}: injected failure ({FAULT_ENV})")
+
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TFC_NAME": name, "TFC_DIR": str(node_dir),
+           "TFC_NOSSHD": "1" if fault == "nosshd" else ""}
+    console = open(node_dir / "console.log", "ab")
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--propagation", "private",
+         "/bin/sh", "-c", INIT_SCRIPT],
+        stdin=subprocess.DEVNULL, stdout=console, stderr=console, env=env,
+        start_new_session=True, close_fds=True)
+    console.close()
+    (node_dir / "init.pid").write_text(f"{proc.pid}\n")
+    timeout = float(p.get("ssh_timeout", 20))
+    if not _wait_port(p["ip"], 22, timeout, lambda: proc.poll() is None):
+        log = (node_dir / "console.log").read_text(errors="replace")[-2000:]
+        state = "its init exited" if proc.poll() is not None else f"no sshd answer in {timeout:.0f}s"
+        raise NodeError(f"node {name} ({p['ip']}) did not come up: {state}\n{log}")
+    print(f"node {name}: up at {p['ip']} (netns {ns})")
+
+
+def kill_netns_processes(ns: str, grace: float = 5.0) -> int:
+    """End every process in a namespace: TERM, then KILL after the grace period. Returns how many."""
+    pids = netns_pids(ns)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and netns_pids(ns):
+        time.sleep(0.1)
+    for pid in netns_pids(ns):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and netns_pids(ns):
+        time.sleep(0.05)
+    left = netns_pids(ns)
+    if left:
+        raise NodeError(f"namespace {ns}: processes {left} survived SIGKILL")
+    return len(pids)
+
+
+def node_down(p: dict) -> None:
+    ns, node_dir = p["netns"], Path(p["node_dir"])
+    if ns in list_netns():
+        n = kill_netns_processes(ns)
+        _ip("netns", "del", ns, check=False)
+        print(f"node {p['name']}: stopped {n} process(es), namespace removed")
+    if link_exists(p["veth"]):
+        _ip("link", "del", p["veth"], check=False)
+    if node_dir.exists():
+        shutil.rmtree(node_dir, ignore_errors=True)
+
+
+ACTIONS = {"network-up": network_up, "network-down": network_down, "node-up": node_up,
+           "node-down": node_down}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] not in ACTIONS:
+        print(f"usage: python -m tfcluster.localnode {{{','.join(ACTIONS)}}} JSON", file=sys.stderr)
+        return 2
+    try:
+        ACTIONS[argv[0]](json.loads(argv[1]))
+    except (NodeError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or ""
+        print(f"tfcluster.localnode {argv[0]}: {exc} {detail}".strip(), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""Providers turn a RunSpec into nodes. Each is a small class registered by name."""
+
+from __future__ import annotations
+
+from .base import REGISTRY, Node, Provider, TerraformProvider, get_provider, register
+
+# Importing a provider module registers it; cloud SDKs are imported lazily inside them.
+from . import local  # noqa: E402,F401  isort: skip
+
+__all__ = ["REGISTRY", "Node", "Provider", "TerraformProvider", "get_provider", "register"]

@@ -1,0 +1,145 @@
+"""The provider interface: typed node records, a registry, and the Terraform-backed base."""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from ..config import ROLES, RunSpec
+from ..errors import ConfigError, ProvisionError
+from ..paths import TERRAFORM_DIR, ClusterState
+from ..terraform import TerraformModule
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node as every provider reports it (the ``nodes`` output of each Terraform module)."""
+
+    name: str
+    role: str
+    index: int
+    private_ip: str
+    public_ip: str
+    ssh_user: str
+    ssh_port: int
+    gpus: int
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Node:
+        try:
+            node = cls(name=str(d["name"]), role=str(d["role"]), index=int(d["index"]),
+                       private_ip=str(d["private_ip"]), public_ip=str(d.get("public_ip") or d["private_ip"]),
+                       ssh_user=str(d["ssh_user"]), ssh_port=int(d["ssh_port"]), gpus=int(d.get("gpus", 0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProvisionError(f"provider returned a malformed node record {d!r}: {exc}") from None
+        if node.role not in ROLES:
+            raise ProvisionError(f"provider returned node {node.name} with unknown role {node.role!r}")
+        return node
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def write_nodes(path: Path, nodes: list[Node]) -> None:
+    path.write_text(json.dumps([n.to_dict() for n in nodes], indent=2) + "\n")
+
+
+def read_nodes(path: Path) -> list[Node]:
+    if not path.exists():
+        return []
+    return [Node.from_dict(d) for d in json.loads(path.read_text())]
+
+
+class Provider(ABC):
+    """Base class. ``up`` returns the nodes; ``down`` removes everything; ``leftovers`` proves it."""
+
+    name: ClassVar[str] = ""
+    #: features this provider cannot offer, with the reason a user sees
+    unsupported: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, state: ClusterState):
+        self.state = state
+
+    def check(self, spec: RunSpec) -> None:
+        """Refuse a spec this provider cannot serve, before anything is created."""
+        for role in ROLES:
+            if spec.count(role) and spec.get(f"nodes.{role}.gpus") and "gpus" in self.unsupported:
+                raise ConfigError(f"nodes.{role}.gpus", spec.get(f"nodes.{role}.gpus"),
+                                  f"0 ({self.unsupported['gpus']})")
+
+    @abstractmethod
+    def up(self, spec: RunSpec, public_key: str) -> list[Node]:
+        """Create (or converge) the cluster's nodes and return them."""
+
+    @abstractmethod
+    def down(self) -> None:
+        """Destroy everything the provider created for this cluster."""
+
+    def force_cleanup(self) -> None:
+        """Remove what the provider's own records miss (after an interrupted ``up``)."""
+
+    def leftovers(self) -> list[str]:
+        """Human-readable descriptions of anything of this cluster still present."""
+        return []
+
+
+class TerraformProvider(Provider):
+    """A provider backed by ``terraform/<name>/`` honouring the shared module interface."""
+
+    def module(self) -> TerraformModule:
+        return TerraformModule(TERRAFORM_DIR / self.name, self.state.terraform_dir)
+
+    def provider_options(self, spec: RunSpec) -> dict[str, str]:
+        return {}
+
+    def inputs(self, spec: RunSpec, public_key: str) -> dict:
+        """The shared inputs every module under terraform/ declares."""
+        return {
+            "cluster_name": spec.cluster,
+            "ps_count": spec.count("ps"),
+            "worker_count": spec.count("worker"),
+            "chief_count": spec.count("chief"),
+            "instance_types": {r: spec.get(f"nodes.{r}.instance_type") for r in ROLES},
+            "images": {r: spec.get(f"nodes.{r}.image") for r in ROLES},
+            "gpus": {r: spec.get(f"nodes.{r}.gpus") for r in ROLES},
+            "ssh_public_key": public_key,
+            "ssh_user": spec.get("ssh.user"),
+            "allowed_ssh_cidrs": spec.get("network.allowed_ssh_cidrs"),
+            "tf_port": spec.get("network.tf_port"),
+            "bucket": spec.get("storage.bucket"),
+            "prefix": spec.get("storage.prefix"),
+            "max_runtime_minutes": spec.get("max_runtime_minutes"),
+            "provider_options": self.provider_options(spec),
+        }
+
+    def up(self, spec: RunSpec, public_key: str) -> list[Node]:
+        tf = self.module()
+        tf.write_root(self.inputs(spec, public_key))
+        tf.apply()
+        return [Node.from_dict(d) for d in tf.output("nodes")]
+
+    def down(self) -> None:
+        self.module().destroy()
+
+    def leftovers(self) -> list[str]:
+        tf = self.module()
+        return ["terraform state still lists resources"] if tf.has_resources() else []
+
+
+REGISTRY: dict[str, type[Provider]] = {}
+
+
+def register(cls: type[Provider]) -> type[Provider]:
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_provider(name: str, state: ClusterState) -> Provider:
+    try:
+        return REGISTRY[name](state)
+    except KeyError:
+        available = ", ".join(sorted(REGISTRY))
+        raise ConfigError("provider", name, f"a provider implemented here: {available}") from None

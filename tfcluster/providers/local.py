@@ -1,0 +1,97 @@
+"""The embedded default: nodes are Linux namespaces on this machine (see tfcluster/localnode.py)."""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import subprocess
+import sys
+import zlib
+
+from .. import localnode
+from ..config import RunSpec
+from ..errors import ConfigError
+from .base import TerraformProvider, register
+
+#: auto subnets are 10.231.<k>.0/24 with k from the cluster name; the local store uses 10.231.255.0/24
+AUTO_BASE = "10.231"
+
+
+def auto_subnet(cluster: str) -> str:
+    return f"{AUTO_BASE}.{10 + zlib.crc32(cluster.encode()) % 240}.0/24"
+
+
+def subnet_for(spec: RunSpec) -> str:
+    value = spec.get("network.subnet")
+    return auto_subnet(spec.cluster) if value == "auto" else value
+
+
+def _routes() -> list[tuple[str, str]]:
+    out = subprocess.run(["ip", "-4", "-o", "route", "show"], capture_output=True, text=True).stdout
+    routes = []
+    for line in out.splitlines():
+        parts = line.split()
+        if parts and parts[0] != "default" and "dev" in parts:
+            routes.append((parts[0], parts[parts.index("dev") + 1]))
+    return routes
+
+
+@register
+class LocalProvider(TerraformProvider):
+    name = "local"
+    unsupported = {"gpus": "local nodes share this machine and have no GPUs",
+                   "spot": "there is no market for namespaces"}
+
+    def check(self, spec: RunSpec) -> None:
+        super().check(spec)
+        subnet = ipaddress.ip_network(subnet_for(spec))
+        if subnet.num_addresses - 11 < spec.node_total:
+            raise ConfigError("network.subnet", str(subnet), f"a network with room for {spec.node_total} nodes")
+        own = localnode.bridge_name(spec.cluster)
+        for net, dev in _routes():
+            try:
+                other = ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                continue
+            if dev != own and other.overlaps(subnet):
+                raise ConfigError("network.subnet", str(subnet),
+                                  f"a network not already routed on this machine ({net} is on {dev})")
+
+    def provider_options(self, spec: RunSpec) -> dict[str, str]:
+        return {
+            "python": sys.executable,
+            "state_dir": str(self.state.dir),
+            "subnet": subnet_for(spec),
+            "ssh_timeout": str(min(spec.get("ssh.timeout_seconds"), 120)),
+        }
+
+    def leftovers(self) -> list[str]:
+        found = super().leftovers()
+        cluster = self.state.cluster
+        for ns in localnode.list_netns():
+            if ns.startswith(f"{localnode.NETNS_PREFIX}{cluster}_"):
+                pids = localnode.netns_pids(ns)
+                found.append(f"network namespace {ns}" + (f" with processes {pids}" if pids else ""))
+        br = localnode.bridge_name(cluster)
+        if localnode.link_exists(br):
+            found.append(f"bridge {br}")
+        for link in localnode.list_links(localnode.veth_prefix(cluster)):
+            found.append(f"veth {link}")
+        if self.state.node_root.exists() and any(self.state.node_root.iterdir()):
+            found.append(f"node directories under {self.state.node_root}")
+        return found
+
+    def force_cleanup(self) -> None:
+        """Remove what Terraform does not know about (an `up` interrupted before state was written)."""
+        cluster = self.state.cluster
+        for ns in localnode.list_netns():
+            if ns.startswith(f"{localnode.NETNS_PREFIX}{cluster}_"):
+                localnode.kill_netns_processes(ns)
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for link in localnode.list_links(localnode.veth_prefix(cluster)):
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+        br = localnode.bridge_name(cluster)
+        if localnode.link_exists(br):
+            subprocess.run(["ip", "link", "del", br], capture_output=True)
+        if self.state.node_root.exists():
+            shutil.rmtree(self.state.node_root, ignore_errors=True)

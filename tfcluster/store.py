@@ -1,0 +1,171 @@
+"""Object storage: the local S3-compatible store and boto3 clients.
+
+The local store is a ``moto`` server on a host address of its own (``10.231.255.254`` on a port-less bridge ``tfcs3``,
+by default) that every local node reaches through its cluster bridge. It is not part of any transient
+cluster: ``up`` starts it when it is not running, ``down`` leaves it, ``make clean`` stops it. It keeps
+objects in memory only, which is why verified models are also mirrored to ``artifacts/``.
+
+Credentials for it are generated once into a 0600 file and passed to processes through the environment,
+never on a command line or into a rendered file.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .errors import TfclusterError
+from .paths import state_root
+
+STORE_IFACE = "tfcs3"
+
+
+def store_addr() -> tuple[str, int]:
+    ip = os.environ.get("TFCLUSTER_STORE_IP", "10.231.255.254")
+    port = int(os.environ.get("TFCLUSTER_STORE_PORT", "9555"))
+    return ip, port
+
+
+def store_dir() -> Path:
+    # cluster names start with a letter, so "_store" never clashes with a cluster's state
+    return state_root() / "_store"
+
+
+def local_endpoint() -> str:
+    ip, port = store_addr()
+    return f"http://{ip}:{port}"
+
+
+def credentials() -> dict[str, str]:
+    """The local store's key pair, created once (0600)."""
+    path = store_dir() / "credentials.env"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"AWS_ACCESS_KEY_ID=tfc{secrets.token_hex(8)}\n"
+                    f"AWS_SECRET_ACCESS_KEY={secrets.token_urlsafe(30)}\n")
+    out = {}
+    for line in path.read_text().splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def _answers(ip: str, port: int) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _ensure_address(ip: str) -> None:
+    if subprocess.run(["ip", "link", "show", STORE_IFACE], capture_output=True).returncode != 0:
+        subprocess.run(["ip", "link", "add", STORE_IFACE, "type", "bridge"], check=True, capture_output=True)
+    subprocess.run(["ip", "addr", "replace", f"{ip}/32", "dev", STORE_IFACE], check=True, capture_output=True)
+    subprocess.run(["ip", "link", "set", STORE_IFACE, "up"], check=True, capture_output=True)
+
+
+def is_running() -> bool:
+    return _answers(*store_addr())
+
+
+def ensure_running(log=print) -> str:
+    """Start the local store unless it answers already; return its endpoint."""
+    ip, port = store_addr()
+    if ip != "127.0.0.1":
+        _ensure_address(ip)
+    if _answers(ip, port):
+        return local_endpoint()
+    d = store_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    log(f"starting the local S3 store (moto) at {local_endpoint()}")
+    with open(d / "store.log", "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", ip, "-p", str(port)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                                close_fds=True)
+    (d / "store.pid").write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise TfclusterError(f"the local S3 store exited (code {proc.returncode}); see {d / 'store.log'}")
+        if _answers(ip, port):
+            return local_endpoint()
+        time.sleep(0.1)
+    raise TfclusterError(f"the local S3 store did not answer at {local_endpoint()} within 30 s")
+
+
+def stop(log=print) -> None:
+    """Stop the local store (its objects are gone with it) and remove its address."""
+    pid_file = store_dir() / "store.pid"
+    if pid_file.exists():
+        pid = int(pid_file.read_text().strip() or 0)
+        try:
+            os.killpg(pid, signal.SIGTERM)
+            log(f"stopped the local S3 store (pid {pid})")
+        except (ProcessLookupError, PermissionError):
+            pass
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _answers(*store_addr()):
+            time.sleep(0.1)
+        pid_file.unlink()
+    if subprocess.run(["ip", "link", "show", STORE_IFACE], capture_output=True).returncode == 0:
+        subprocess.run(["ip", "link", "del", STORE_IFACE], capture_output=True)
+
+
+def endpoint_for(spec) -> str | None:
+    """The S3 endpoint of a run: the local store for the local provider unless one is configured."""
+    value = spec.get("storage.endpoint")
+    if value != "auto":
+        return value
+    return local_endpoint() if spec.provider == "local" else None
+
+
+def process_env(spec) -> dict[str, str]:
+    """Environment for processes that talk to the run's S3 (credentials only for the local store)."""
+    env = {"AWS_DEFAULT_REGION": spec.get("storage.region")}
+    if spec.get("storage.endpoint") == "auto" and spec.provider == "local":
+        env.update(credentials())
+    return env
+
+
+def client(spec):
+    """A boto3 S3 client for the run's storage (credentials from the environment or the local store)."""
+    import boto3
+    from botocore.config import Config
+
+    env = process_env(spec)
+    kwargs = {"region_name": env["AWS_DEFAULT_REGION"],
+              "config": Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5,
+                               read_timeout=30)}
+    endpoint = endpoint_for(spec)
+    if endpoint:
+        kwargs["endpoint_url"] = endpoint
+    if "AWS_ACCESS_KEY_ID" in env:
+        kwargs["aws_access_key_id"] = env["AWS_ACCESS_KEY_ID"]
+        kwargs["aws_secret_access_key"] = env["AWS_SECRET_ACCESS_KEY"]
+    return boto3.client("s3", **kwargs)
+
+
+def ensure_bucket(s3, bucket: str, region: str) -> None:
+    from botocore.exceptions import ClientError
+
+    try:
+        s3.head_bucket(Bucket=bucket)
+        return
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code not in ("404", "NoSuchBucket", "NotFound"):
+            raise TfclusterError(f"bucket {bucket}: {code or exc}") from None
+    args = {"Bucket": bucket}
+    if region != "us-east-1":
+        args["CreateBucketConfiguration"] = {"LocationConstraint": region}
+    s3.create_bucket(**args)

@@ -1,0 +1,54 @@
+"""Entry point for one node: validate settings, prepare the process, run the role.
+
+Order matters: the TensorFlow environment variables (quiet logs, ``TF_CONFIG``) are set before anything
+imports TensorFlow, and the process moves into ``state_dir`` so that the relative shard path in
+:mod:`tfc_harness.records` names each node's own file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from . import settings as settings_mod
+from .status import write_status
+
+TF_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "1"}
+
+
+def prepare_process(settings: settings_mod.Settings) -> settings_mod.Settings:
+    """Set TF env vars and TF_CONFIG, create and enter ``state_dir``; returns settings with it absolute."""
+    os.environ.update(TF_ENV)
+    state_dir = Path(settings.state_dir).expanduser().resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    os.chdir(state_dir)
+    os.environ["TF_CONFIG"] = settings.tf_config_json()
+    return dataclasses.replace(settings, state_dir=str(state_dir))
+
+
+def main(raw_settings: dict) -> int:
+    """Run this node's role; returns the process exit code (0 success, 1 failure, 2 bad settings,
+    3 chief timeout).  ps and workers only return on failure: they serve until killed."""
+    os.environ.update(TF_ENV)
+    try:
+        settings = settings_mod.validate(raw_settings)
+    except settings_mod.SettingsError as exc:
+        print(f"ERROR: invalid settings: {exc}", file=sys.stderr, flush=True)
+        return 2
+    settings = prepare_process(settings)
+    print(f"tfc_harness: {settings.role} {settings.index} of cluster {settings.cluster} "
+          f"run {settings.run_id} in {settings.state_dir}", flush=True)
+    if settings.role == "chief":
+        from . import chief
+        return chief.run(settings)
+    try:
+        write_status(settings.state_dir, role=settings.role, phase="starting")
+        from . import server
+        return server.serve(settings)
+    except Exception as exc:
+        msg = f"{type(exc).__name__}: {exc}"
+        write_status(settings.state_dir, role=settings.role, phase="failed", error=msg)
+        print(f"ERROR: {settings.role} {settings.index} failed: {msg}", file=sys.stderr, flush=True)
+        return 1

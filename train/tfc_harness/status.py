@@ -1,0 +1,93 @@
+"""``<state_dir>/status.json`` (written atomically) and the chief's progress lines.
+
+status.json keys: ``role``, ``phase``, ``step``, ``total``, ``loss``, ``examples_per_sec``, ``updated``
+(unix time), plus ``accuracy`` once the chief has evaluated and ``error`` when the phase is ``failed``.
+ps and workers report the phase ``serving``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+PHASES = ("starting", "training", "evaluating", "publishing", "done", "failed", "serving")
+STATUS_FILE = "status.json"
+
+
+def write_status(state_dir: str | os.PathLike, *, role: str, phase: str, step: int = 0, total: int = 0,
+                 loss: float | None = None, examples_per_sec: float | None = None,
+                 **extra) -> Path:
+    """Replace ``<state_dir>/status.json`` atomically (temp file in the same dir, then rename)."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
+    doc = {"role": role, "phase": phase, "step": int(step), "total": int(total),
+           "loss": None if loss is None else round(float(loss), 6),
+           "examples_per_sec": None if examples_per_sec is None else round(float(examples_per_sec), 1),
+           "updated": time.time()}
+    doc.update(extra)
+    directory = Path(state_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / STATUS_FILE
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".status.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh, sort_keys=True)
+            fh.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def read_status(state_dir: str | os.PathLike) -> dict | None:
+    """The current status document, or None when none was written yet."""
+    try:
+        return json.loads((Path(state_dir) / STATUS_FILE).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def format_progress(step: int, total: int, loss: float, examples_per_sec: float, eta_s: float) -> str:
+    """``step 120/600 loss 0.4213 examples/s 3150.2 eta 4s``"""
+    return (f"step {step}/{total} loss {loss:.4f} examples/s {examples_per_sec:.1f} "
+            f"eta {max(0, round(eta_s))}s")
+
+
+class Progress:
+    """Throughput/ETA bookkeeping for the chief; ``due()`` says when a line is owed (about once a second)."""
+
+    def __init__(self, total: int, batch_size: int, start_step: int = 0, interval_s: float = 1.0,
+                 clock=time.monotonic):
+        self.total = total
+        self.batch_size = batch_size
+        self.start_step = start_step
+        self.interval_s = interval_s
+        self._clock = clock
+        self.started = clock()
+        self._last_line = self.started
+
+    def elapsed(self) -> float:
+        return self._clock() - self.started
+
+    def examples_per_sec(self, step: int) -> float:
+        elapsed = self.elapsed()
+        return (step - self.start_step) * self.batch_size / elapsed if elapsed > 0 else 0.0
+
+    def eta_s(self, step: int) -> float:
+        done = step - self.start_step
+        return (self.total - step) * self.elapsed() / done if done > 0 else 0.0
+
+    def due(self) -> bool:
+        now = self._clock()
+        if now - self._last_line >= self.interval_s:
+            self._last_line = now
+            return True
+        return False
+
+    def line(self, step: int, loss: float) -> str:
+        return format_progress(step, self.total, loss, self.examples_per_sec(step), self.eta_s(step))
