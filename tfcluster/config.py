@@ -220,7 +220,7 @@ SCHEMA: dict = {
         "steps": Field(600, _int(1, 10_000_000), "training steps"),
         "batch_size": Field(64, _int(1, 65536), "batch size per worker step"),
         "learning_rate": Field(0.002, _float(0.0, 10.0), "optimizer learning rate"),
-        "checkpoint_every": Field(100, _int(1, 10_000_000), "checkpoint (and copy to S3) every N steps"),
+        "checkpoint_every": Field(100, _int(1, 10_000_000), "checkpoint (copied to S3) every N steps and at the end"),
     },
     "max_runtime_minutes": Field(60, _int(1, 7 * 24 * 60), "hard limit for a run; nodes stop by themselves"),
     "network": {
@@ -365,10 +365,6 @@ def _check_relations(tree: dict) -> None:
             if nodes[role]["gpus"]:
                 raise ConfigError(f"nodes.{role}.gpus", nodes[role]["gpus"],
                                   "0 on the local provider (its nodes have no GPUs)")
-    tr = tree["training"]
-    if tr["checkpoint_every"] > tr["steps"]:
-        raise ConfigError("training.checkpoint_every", tr["checkpoint_every"],
-                          f"an integer from 1 to training.steps ({tr['steps']})")
 
 
 class RunSpec:

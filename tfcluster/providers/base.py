@@ -78,7 +78,7 @@ class Provider(ABC):
     def down(self) -> None:
         """Destroy everything the provider created for this cluster."""
 
-    def force_cleanup(self) -> None:
+    def force_cleanup(self) -> None:  # noqa: B027  optional hook: most providers' records are complete
         """Remove what the provider's own records miss (after an interrupted ``up``)."""
 
     def leftovers(self) -> list[str]:

@@ -1,0 +1,81 @@
+# tfcluster: one-off distributed TensorFlow training clusters.   make up train down
+SHELL = /usr/bin/env bash -o pipefail
+.SHELLFLAGS = -ec
+.DEFAULT_GOAL := help
+
+##@ Knobs (override on the command line: make up WORKERS=3)
+PROVIDER ?=
+CLUSTER ?=
+CONFIG ?=
+PS ?=
+WORKERS ?=
+STEPS ?=
+FORCE ?=
+VENV ?= .venv
+PYTEST_ARGS ?=
+
+TFCLUSTER = $(VENV)/bin/tfcluster
+CONFIG_ARGS = $(if $(CONFIG),--config $(CONFIG)) $(if $(CLUSTER),--cluster $(CLUSTER)) \
+	$(if $(PROVIDER),--provider $(PROVIDER)) $(if $(PS),--ps $(PS)) \
+	$(if $(WORKERS),--workers $(WORKERS)) $(if $(STEPS),--steps $(STEPS))
+BOOTSTRAP = $(VENV)/.tfcluster-installed
+
+##@ Help
+.PHONY: help
+help: ## Show this help (the default goal)
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m [KNOB=value ...]\n"} \
+	/^[a-zA-Z_-]+:.*?##/ { printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2 } \
+	/^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Set-up
+$(BOOTSTRAP): requirements.txt pyproject.toml scripts/bootstrap.sh
+	VENV=$(VENV) ./scripts/bootstrap.sh
+
+.PHONY: bootstrap
+bootstrap: $(BOOTSTRAP) ## Install apt packages and the controller venv (done automatically on first use)
+
+##@ A run
+.PHONY: all
+all: $(BOOTSTRAP) ## up, train, down: down runs even when train fails (exit status is train's)
+	@status=0; \
+	$(MAKE) --no-print-directory up || status=$$?; \
+	if [ $$status -eq 0 ]; then $(MAKE) --no-print-directory train || status=$$?; fi; \
+	$(MAKE) --no-print-directory down || { [ $$status -ne 0 ] || status=$$?; }; \
+	exit $$status
+
+.PHONY: validate
+validate: $(BOOTSTRAP) ## Check the configuration and print it with defaults filled in
+	$(TFCLUSTER) validate $(CONFIG_ARGS)
+
+.PHONY: up
+up: $(BOOTSTRAP) ## Provision the cluster (local provider by default) and check Ansible reaches every node
+	$(TFCLUSTER) up $(CONFIG_ARGS)
+
+.PHONY: train
+train: $(BOOTSTRAP) ## Configure the nodes, train, publish the model to S3 and verify it
+	$(TFCLUSTER) train $(CONFIG_ARGS)
+
+.PHONY: down
+down: $(BOOTSTRAP) ## Destroy the cluster and prove nothing remains (FORCE=1 to skip the model guard)
+	$(TFCLUSTER) down $(CONFIG_ARGS) $(if $(FORCE),--force)
+
+.PHONY: status
+status: $(BOOTSTRAP) ## Nodes, roles, addresses, SSH and training state
+	$(TFCLUSTER) status $(CONFIG_ARGS)
+
+.PHONY: logs
+logs: $(BOOTSTRAP) ## Show a node's log: make logs NODE=tfc-chief-0
+	$(TFCLUSTER) logs $(CONFIG_ARGS) $(NODE)
+
+##@ Development
+.PHONY: test
+test: $(BOOTSTRAP) ## Run the whole test suite (unit, lint, integration, end to end)
+	$(VENV)/bin/pytest $(PYTEST_ARGS) tests
+
+.PHONY: lint
+lint: $(BOOTSTRAP) ## ruff, terraform fmt, ansible-lint (offline)
+	$(VENV)/bin/pytest -q tests/lint
+
+.PHONY: clean
+clean: $(BOOTSTRAP) ## Stop the local S3 store (its objects go with it); clusters must be down first
+	$(TFCLUSTER) store stop

@@ -1,0 +1,61 @@
+"""Helpers for tests that make real local clusters: make targets, SSH into nodes, leftover checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from tests.conftest import REPO
+from tfcluster import localnode
+
+
+def make(target: str, home: Path, timeout: int = 900, env: dict | None = None,
+         **knobs: str) -> subprocess.CompletedProcess:
+    args = ["make", "--no-print-directory", "-C", str(REPO), target] + [f"{k}={v}" for k, v in knobs.items()]
+    full_env = dict(os.environ, TFCLUSTER_HOME=str(home), PYTHONUNBUFFERED="1", **(env or {}))
+    return subprocess.run(args, capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+def ssh(home: Path, cluster: str, ip: str, command: str, timeout: int = 30) -> subprocess.CompletedProcess:
+    ssh_dir = home / cluster / "ssh"
+    return subprocess.run(
+        ["ssh", "-i", str(ssh_dir / "id_ed25519"), "-o", f"UserKnownHostsFile={ssh_dir / 'known_hosts'}",
+         "-o", "StrictHostKeyChecking=accept-new", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+         f"root@{ip}", command], capture_output=True, text=True, timeout=timeout)
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """PIDs whose environment mentions marker (node processes carry TFC_DIR=<state dir>/...)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def leftovers(home: Path, cluster: str) -> list[str]:
+    """Everything of a local cluster still on this machine."""
+    found = [f"netns {ns}" for ns in localnode.list_netns() if ns.startswith(f"tfc_{cluster}_")]
+    if localnode.link_exists(localnode.bridge_name(cluster)):
+        found.append("bridge")
+    found += [f"veth {v}" for v in localnode.list_links(localnode.veth_prefix(cluster))]
+    found += [f"process {p}" for p in processes_with_env(f"TFC_DIR={home / cluster}")]
+    for sub in ("nodes", "ssh", "terraform"):
+        if (home / cluster / sub).exists():
+            found.append(f"state {sub}/")
+    return found
+
+
+def force_down(home: Path, cluster: str) -> None:
+    """Last-resort cleanup for a test that failed midway."""
+    make("down", home, CLUSTER=cluster, FORCE="1", timeout=300)
+    from tfcluster.paths import ClusterState
+    from tfcluster.providers.local import LocalProvider
+
+    LocalProvider(ClusterState(cluster, root=home)).force_cleanup()

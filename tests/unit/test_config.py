@@ -1,0 +1,148 @@
+"""Configuration: defaults, precedence, and one clear error per bad value, with nothing created."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.conftest import run_cli
+from tfcluster import config
+from tfcluster.errors import ConfigError
+
+
+def test_defaults_give_a_local_run():
+    spec = config.resolve()
+    assert spec.provider == "local"
+    assert (spec.count("ps"), spec.count("worker"), spec.count("chief")) == (1, 2, 1)
+    assert spec.get("storage.bucket") == "tfcluster"
+    assert spec.get("training.model") == "digits"
+    assert spec.node_total == 4
+
+
+def test_precedence_defaults_file_overrides(tmp_path):
+    f = tmp_path / "c.yml"
+    f.write_text("cluster: fromfile\nnodes:\n  worker:\n    count: 3\ntraining:\n  steps: 50\n")
+    spec = config.resolve(config.load_file(f), {"training.steps": "70"})
+    assert spec.cluster == "fromfile"          # file beats default
+    assert spec.count("worker") == 3            # file beats default
+    assert spec.get("training.steps") == 70     # override beats file, and is converted
+    assert spec.count("ps") == 1                # default stays
+
+
+def test_cli_named_options_beat_set_and_file(tmp_path):
+    from tfcluster.cli import build_parser, spec_from_args
+
+    f = tmp_path / "c.yml"
+    f.write_text("nodes:\n  worker:\n    count: 3\n")
+    args = build_parser().parse_args(["validate", "-c", str(f), "--set", "nodes.worker.count=4",
+                                      "--workers", "5", "--steps", "12", "--set", "training.checkpoint_every=3"])
+    spec = spec_from_args(args)
+    assert spec.count("worker") == 5
+    assert spec.get("training.steps") == 12
+    assert spec.get("training.checkpoint_every") == 3
+
+
+def test_set_values_are_yaml_typed():
+    assert config.parse_set("network.allowed_ssh_cidrs=[10.0.0.0/8]") == ("network.allowed_ssh_cidrs",
+                                                                         ["10.0.0.0/8"])
+    assert config.parse_set("training.learning_rate=0.5") == ("training.learning_rate", 0.5)
+
+
+# (description, file text or None, overrides, field named in the message, allowed-text fragment)
+BAD = [
+    ("negative workers", None, {"nodes.worker.count": "-1"}, "nodes.worker.count", "integer"),
+    ("no ps with parameter_server", None, {"nodes.ps.count": "0"}, "nodes.ps.count", "parameter_server"),
+    ("two chiefs", None, {"nodes.chief.count": "2"}, "nodes.chief.count", "from 0 to 1"),
+    ("unknown provider", None, {"provider": "azure"}, "provider", "local, aws, gcp, openstack, im"),
+    ("bucket with capitals", None, {"storage.bucket": "My_Bucket"}, "storage.bucket", "S3 bucket name"),
+    ("bucket like an IP", None, {"storage.bucket": "192.168.1.1"}, "storage.bucket", "not an IP"),
+    ("bucket too short", None, {"storage.bucket": "ab"}, "storage.bucket", "3-63"),
+    ("non-numeric steps", None, {"training.steps": "many"}, "training.steps", "integer"),
+    ("zero steps", None, {"training.steps": "0"}, "training.steps", "integer"),
+    ("unknown key in file", "clusterr: x\n", {}, "clusterr", "known keys"),
+    ("unknown nested key", "training:\n  epochs: 3\n", {}, "training.epochs", "known keys"),
+    ("cluster name with underscore", None, {"cluster": "my_cluster"}, "cluster", "lowercase"),
+    ("cluster name too long", None, {"cluster": "a" * 21}, "cluster", "2-20"),
+    ("cluster name trailing dash", None, {"cluster": "abc-"}, "cluster", "lowercase"),
+    ("negative learning rate", None, {"training.learning_rate": "-0.1"}, "training.learning_rate", "> 0"),
+    ("batch size a word", None, {"training.batch_size": "big"}, "training.batch_size", "integer"),
+    ("tf version malformed", None, {"tensorflow.version": "latest"}, "tensorflow.version", "X.Y.Z"),
+    ("endpoint not a URL", None, {"storage.endpoint": "ftp://x"}, "storage.endpoint", "http"),
+    ("privileged tf port", None, {"network.tf_port": "80"}, "network.tf_port", "1024"),
+    ("public subnet", None, {"network.subnet": "8.8.8.0/24"}, "network.subnet", "private"),
+    ("bad ssh cidr", None, {"network.allowed_ssh_cidrs": "[0.0.0.0/99]"}, "network.allowed_ssh_cidrs", "CIDR"),
+    ("max runtime a word", None, {"max_runtime_minutes": "forever"}, "max_runtime_minutes", "integer"),
+    ("gpus on local", None, {"nodes.worker.gpus": "1"}, "nodes.worker.gpus", "local provider"),
+    ("too many local nodes", None, {"nodes.worker.count": "20"}, "nodes", "at most 16"),
+    ("model path missing", None, {"training.model": "/nonexistent/model.py"}, "training.model", "no such file"),
+    ("boolean steps", "training:\n  steps: true\n", {}, "training.steps", "integer"),
+    ("top level not a mapping", "- a\n- b\n", {}, "config file", "mapping"),
+    ("section not a mapping", "nodes: 3\n", {}, "nodes", "mapping"),
+    ("max runtime zero", None, {"max_runtime_minutes": "0"}, "max_runtime_minutes", "integer"),
+]
+
+
+@pytest.mark.parametrize("desc,text,overrides,field,allowed", BAD, ids=[b[0] for b in BAD])
+def test_bad_value_names_field_value_and_allowed(tmp_path, desc, text, overrides, field, allowed):
+    file_values = {}
+    if text is not None:
+        f = tmp_path / "c.yml"
+        f.write_text(text)
+        with pytest.raises(ConfigError) as err:
+            file_values = config.load_file(f)
+            config.resolve(file_values, overrides)
+    else:
+        with pytest.raises(ConfigError) as err:
+            config.resolve(file_values, overrides)
+    msg = str(err.value)
+    assert err.value.field == field, msg
+    assert f"{field}:" in msg and "got" in msg and allowed in msg, msg
+
+
+CLI_BAD = [
+    (["--workers", "-1"], "nodes.worker.count", "-1"),
+    (["--ps", "0"], "nodes.ps.count", "0"),
+    (["--provider", "azure"], "provider", "azure"),
+    (["--steps", "ten"], "training.steps", "ten"),
+    (["--set", "storage.bucket=UPPER"], "storage.bucket", "UPPER"),
+    (["--cluster", "Bad_Name"], "cluster", "Bad_Name"),
+    (["--set", "nosuch.key=1"], "nosuch.key", "1"),
+    (["--set", "training.steps"], "--set", "training.steps"),
+]
+
+
+@pytest.mark.parametrize("args,field,value", CLI_BAD, ids=[" ".join(a[0]) for a in CLI_BAD])
+def test_cli_up_refuses_bad_input_with_status_2_and_creates_nothing(home, args, field, value):
+    before = set(_netns()) | set(_links())
+    res = run_cli("up", "--cluster", "tfct-cfg", *args, home=home, timeout=60)
+    assert res.returncode == 2, res.stderr + res.stdout
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1, res.stderr   # one message, no traceback
+    assert f"{field}:" in err[0] and value in err[0] and "allowed:" in err[0], err[0]
+    assert list(home.iterdir()) == []
+    assert set(_netns()) | set(_links()) == before
+
+
+def test_cli_missing_config_file(home):
+    res = run_cli("up", "-c", str(home / "nope.yml"), home=home, timeout=60)
+    assert res.returncode == 2
+    assert "config file" in res.stderr and "nope.yml" in res.stderr
+    assert list(home.iterdir()) == []
+
+
+def test_validate_prints_resolved_config(home):
+    res = run_cli("validate", "--workers", "3", home=home, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert '"count": 3' in res.stdout
+    assert "configuration is valid" in res.stderr
+
+
+def _netns():
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _links():
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return [line.split(":")[1].strip() for line in out.splitlines()]
