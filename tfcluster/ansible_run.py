@@ -37,7 +37,7 @@ def ping(state: ClusterState, timeout: int = 10) -> subprocess.CompletedProcess:
 
 def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None,
              forks: int = 32, log_file: Path | None = None, env: dict[str, str] | None = None,
-             limit: str | None = None) -> None:
+             limit: str | None = None, tags: str | None = None) -> None:
     """Run ``playbooks/<name>``, streaming its output (and teeing it to log_file)."""
     cmd = [str(BIN / "ansible-playbook"), "-i", str(state.inventory), str(PLAYBOOKS_DIR / name),
            "--forks", str(max(forks, 5))]
@@ -45,6 +45,8 @@ def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None
         cmd += ["-e", f"@{extra_vars_file}"]
     if limit:
         cmd += ["--limit", limit]
+    if tags:
+        cmd += ["--tags", tags]
     log = open(log_file, "a") if log_file else None
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -57,13 +57,39 @@ def cmd_up(args) -> int:
 
 
 def cmd_down(args) -> int:
+    from . import training
+
     spec = spec_from_args(args)
-    cluster.down(spec.cluster, force=args.force, provider_name=spec.provider)
+    training.down_guard(spec.cluster, args.force)
+    training.fetch_logs_before_down(spec.cluster)
+    cluster.down(spec.cluster, provider_name=spec.provider)
+    return 0
+
+
+def cmd_configure(args) -> int:
+    from . import training
+
+    training.configure(spec_from_args(args))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from . import training
+
+    training.train(spec_from_args(args), configure_first=not args.skip_configure)
     return 0
 
 
 def cmd_status(args) -> int:
-    return cluster.status(cluster_name(args))
+    from . import training
+
+    return cluster.status(cluster_name(args), task_states=training.task_states)
+
+
+def cmd_logs(args) -> int:
+    from . import training
+
+    return training.show_log(cluster_name(args), args.node, lines=args.lines)
 
 
 def cmd_store(args) -> int:
@@ -94,10 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     _config_args(add("validate", cmd_validate, "check the configuration and print it with defaults filled"))
     _config_args(add("up", cmd_up, "provision the cluster's nodes and check Ansible reaches them"))
+    _config_args(add("configure", cmd_configure, "configure every node (playbooks/site.yml; idempotent)"))
+    p = add("train", cmd_train, "configure, train, publish the model to S3 and verify it")
+    _config_args(p)
+    p.add_argument("--skip-configure", action="store_true", help="nodes are configured already")
     p = add("down", cmd_down, "destroy the cluster and prove nothing of it remains")
     _config_args(p)
-    p.add_argument("--force", action="store_true", help="destroy even if a model or logs would be lost")
-    _config_args(add("status", cmd_status, "list nodes, roles, addresses and whether each answers SSH"))
+    p.add_argument("--force", action="store_true", help="destroy even if a model not yet verified would be lost")
+    _config_args(add("status", cmd_status, "nodes, roles, addresses, SSH and each node's task"))
+    p = add("logs", cmd_logs, "show a node's task log (fetched copy when the node is gone)")
+    _config_args(p)
+    p.add_argument("node", help="node name, e.g. tfc-chief-0 ('make status' lists them)")
+    p.add_argument("-n", "--lines", type=int, default=200)
     p = add("store", cmd_store, "the local S3-compatible store (outlives clusters)")
     p.add_argument("action", choices=["start", "stop", "status"])
     add("config-reference", cmd_reference, "print the configuration fields as a Markdown table")

@@ -123,7 +123,8 @@ def ssh_answers(node: Node, timeout: float = 2.0) -> bool:
         return False
 
 
-def status(cluster: str) -> int:
+def status(cluster: str, task_states=None) -> int:
+    """Print the nodes, whether each answers SSH and (task_states) what its task is doing."""
     state = ClusterState(cluster)
     nodes = read_nodes(state.nodes)
     if not nodes:
@@ -132,11 +133,17 @@ def status(cluster: str) -> int:
     spec = load_spec(state)
     print(f"cluster {cluster}: provider {spec.provider if spec else '?'}, {len(nodes)} nodes")
     answers = {n.name: ("ssh ok" if ssh_answers(n) else "ssh DOWN") for n in nodes}
-    print_nodes(nodes, answers)
+    tasks = task_states(state, [n for n in nodes if answers[n.name] == "ssh ok"]) if task_states else {}
+    print_nodes(nodes, {k: v + (f", task: {tasks[k]}" if k in tasks else "") for k, v in answers.items()})
+    run = state.run
+    if run.exists():
+        rec = json.loads(run.read_text())
+        acc = f", test accuracy {rec['test_accuracy']:.4f}" if "test_accuracy" in rec else ""
+        print(f"run {rec.get('run_id')}: {rec.get('state')}{acc} ({rec.get('s3_prefix', '')})")
     return 0 if all(v == "ssh ok" for v in answers.values()) else 1
 
 
-def down(cluster: str, force: bool = False, provider_name: str | None = None) -> None:
+def down(cluster: str, provider_name: str | None = None) -> None:
     """Destroy the cluster from its state alone, then prove nothing of it remains."""
     state = ClusterState(cluster)
     spec = load_spec(state) if state.spec.exists() else None

@@ -142,16 +142,20 @@ def _endpoint(field, value):
 
 
 def _model(field, value):
-    allowed = ("a model module name in train/models/ (e.g. 'digits'), a dotted module name, "
-               "or a path to a .py file")
+    from .paths import TRAIN_DIR
+
+    bundled = sorted(p.stem for p in (TRAIN_DIR / "models").glob("*.py") if not p.stem.startswith("_"))
+    allowed = f"a bundled model ({', '.join(bundled)}) or the path of a .py model file"
     if not isinstance(value, str) or not value:
         raise ConfigError(field, value, allowed)
     if value.endswith(".py"):
         path = Path(value).expanduser()
         if not path.is_file():
             raise ConfigError(field, value, allowed + " (no such file)")
+        if not _MODULE_RE.fullmatch(path.stem) or "." in path.stem:
+            raise ConfigError(field, value, allowed + " (the file name must be a Python identifier)")
         return str(path.resolve())
-    if not _MODULE_RE.fullmatch(value):
+    if value not in bundled:
         raise ConfigError(field, value, allowed)
     return value
 
@@ -216,7 +220,7 @@ SCHEMA: dict = {
                                             "a region name such as us-east-1"), "S3 region"),
     },
     "training": {
-        "model": Field("digits", _model, "model module (train/models/<name>.py, dotted name or .py path)"),
+        "model": Field("digits", _model, "model: a bundled one (train/models/<name>.py) or a .py file path"),
         "steps": Field(600, _int(1, 10_000_000), "training steps"),
         "batch_size": Field(64, _int(1, 65536), "batch size per worker step"),
         "learning_rate": Field(0.002, _float(0.0, 10.0), "optimizer learning rate"),

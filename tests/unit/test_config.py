@@ -76,6 +76,7 @@ BAD = [
     ("gpus on local", None, {"nodes.worker.gpus": "1"}, "nodes.worker.gpus", "local provider"),
     ("too many local nodes", None, {"nodes.worker.count": "20"}, "nodes", "at most 16"),
     ("model path missing", None, {"training.model": "/nonexistent/model.py"}, "training.model", "no such file"),
+    ("unknown bundled model", None, {"training.model": "resnet"}, "training.model", "digits"),
     ("boolean steps", "training:\n  steps: true\n", {}, "training.steps", "integer"),
     ("top level not a mapping", "- a\n- b\n", {}, "config file", "mapping"),
     ("section not a mapping", "nodes: 3\n", {}, "nodes", "mapping"),

@@ -1,0 +1,378 @@
+"""configure, train, publish/verify, logs: the run on an up cluster.
+
+A run has an id and a record in ``.tfcluster/<cluster>/run.json`` whose ``state`` is one of
+``started``, ``interrupted``, ``failed``, ``unverified`` (the chief published, the controller has not
+verified it yet) and ``verified``. A run that did not finish keeps its id, so the next ``make train``
+resumes from its checkpoints in S3; a verified run makes the next ``make train`` start a new one.
+``down`` refuses while the record says the only copy of a model might be lost (see :func:`down_guard`).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import ansible_run, store, wheelhouse
+from .cluster import load_spec, phase, say
+from .config import RunSpec
+from .errors import GuardError, TfclusterError
+from .paths import TRAIN_DIR, ClusterState, artifacts_root
+from .providers.base import Node, read_nodes
+
+TASK_DIR = "/var/lib/tfcluster/task"
+OPEN_STATES = ("started", "unverified")
+
+
+# -- run record --------------------------------------------------------------------------------
+def read_run(state: ClusterState) -> dict:
+    try:
+        return json.loads(state.run.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_run(state: ClusterState, run: dict) -> None:
+    run["updated"] = time.time()
+    tmp = state.run.with_suffix(".tmp")
+    tmp.write_text(json.dumps(run, indent=2) + "\n")
+    tmp.replace(state.run)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
+
+
+def harness():
+    """The training harness package from train/ (the controller uses it for data and verification)."""
+    if str(TRAIN_DIR) not in sys.path:
+        sys.path.insert(0, str(TRAIN_DIR))
+    import tfc_harness.data
+    import tfc_harness.verify
+
+    return tfc_harness
+
+
+def model_name(spec: RunSpec) -> str:
+    model = spec.get("training.model")
+    return Path(model).stem if model.endswith(".py") else model
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def _nodes_or_fail(state: ClusterState) -> list[Node]:
+    nodes = read_nodes(state.nodes)
+    if not nodes:
+        raise TfclusterError(f"cluster {state.cluster} is not up (no {state.nodes}); run 'make up' first")
+    return nodes
+
+
+def s3_env(spec: RunSpec) -> dict[str, str]:
+    """Credentials for the nodes' env file, passed to Ansible through its environment only."""
+    env = store.process_env(spec)
+    return {"TFCLUSTER_S3_ACCESS_KEY_ID": env.get("AWS_ACCESS_KEY_ID", ""),
+            "TFCLUSTER_S3_SECRET_ACCESS_KEY": env.get("AWS_SECRET_ACCESS_KEY", "")}
+
+
+def ssh_command(state: ClusterState, node: Node, command: str, timeout: int = 10) -> list[str]:
+    return ["ssh", "-i", str(state.ssh_key), "-o", f"UserKnownHostsFile={state.known_hosts}",
+            "-o", "StrictHostKeyChecking=accept-new", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}",
+            "-o", "ControlMaster=auto", "-o", f"ControlPath={state.dir / 'cp'}/ctl-%C", "-o", "ControlPersist=30s",
+            "-p", str(node.ssh_port), f"{node.ssh_user}@{node.public_ip}", command]
+
+
+def node_task_status(state: ClusterState, node: Node, timeout: int = 10) -> dict | None:
+    """The node's supervisor and task status, or None when the node does not answer."""
+    (state.dir / "cp").mkdir(mode=0o700, exist_ok=True)
+    try:
+        res = subprocess.run(ssh_command(state, node, f"/usr/local/bin/tfc-supervise status --dir {TASK_DIR}",
+                                         timeout=min(timeout, 10)),
+                             capture_output=True, text=True, timeout=timeout + 5)
+    except subprocess.TimeoutExpired:
+        return None
+    if res.returncode != 0:
+        return None
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
+def _extra_vars(state: ClusterState, name: str, data: dict) -> Path:
+    path = state.dir / name
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+# -- configure ---------------------------------------------------------------------------------
+def configure(spec: RunSpec) -> None:
+    """Run playbooks/site.yml on every node (idempotent)."""
+    state = ClusterState(spec.cluster)
+    nodes = _nodes_or_fail(state)
+    gpus = max(n.gpus for n in nodes)
+    with phase("prepare the wheelhouse"):
+        wheels = wheelhouse.ensure(spec.get("tensorflow.version"), wheelhouse.package_for(gpus), log=say)
+    model = spec.get("training.model")
+    extra = _extra_vars(state, "configure-vars.json", {
+        "tensorflow_version": spec.get("tensorflow.version"),
+        "tensorflow_package": wheelhouse.package_for(gpus),
+        "tensorflow_wheelhouse_src": str(wheels),
+        "tf_node_train_src": str(TRAIN_DIR),
+        "tf_node_model_file": model if model.endswith(".py") else "",
+    })
+    state.logs.mkdir(parents=True, exist_ok=True)
+    with phase(f"configure {len(nodes)} nodes (playbooks/site.yml)"):
+        ansible_run.playbook(state, "site.yml", extra, forks=len(nodes), log_file=state.logs / "configure.log",
+                             env=s3_env(spec))
+
+
+# -- train -------------------------------------------------------------------------------------
+def _run_settings(spec: RunSpec, run_id: str) -> dict:
+    prefix = f"{spec.get('storage.prefix')}/{spec.cluster}/{run_id}"
+    return {
+        "run_id": run_id,
+        "model_module": model_name(spec),
+        "steps": spec.get("training.steps"),
+        "batch_size": spec.get("training.batch_size"),
+        "learning_rate": spec.get("training.learning_rate"),
+        "checkpoint_every": spec.get("training.checkpoint_every"),
+        "max_runtime_s": spec.get("max_runtime_minutes") * 60,
+        "s3": {
+            "endpoint": store.endpoint_for(spec),
+            "region": spec.get("storage.region"),
+            "bucket": spec.get("storage.bucket"),
+            "run_prefix": prefix,
+            "checkpoint_prefix": f"{prefix}/checkpoints",
+            "dataset_prefix": f"datasets/{model_name(spec)}",
+        },
+    }
+
+
+def _progress_line(task: dict, sup: dict, eta_s: float | None) -> str:
+    step, total = task.get("step", 0), task.get("total", 0) or 1
+    parts = [f"[{task.get('phase', sup.get('state', '?'))}] step {step}/{total} ({100 * step // total}%)"]
+    if task.get("loss") is not None:
+        parts.append(f"loss {task['loss']:.4f}")
+    if task.get("examples_per_sec"):
+        parts.append(f"{task['examples_per_sec']:.0f} examples/s")
+    if eta_s is not None:
+        parts.append(f"eta {eta_s:.0f}s")
+    if sup.get("restarts"):
+        parts.append(f"restarts {sup['restarts']}")
+    return "  " + ", ".join(parts)
+
+
+def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 2.0) -> dict:
+    """Poll the chief's status and print progress until its task ends; return the last status."""
+    deadline = time.monotonic() + timeout_s
+    last_line, misses, first = "", 0, None
+    while time.monotonic() < deadline:
+        got = node_task_status(state, chief)
+        if got is None:
+            misses += 1
+            if misses * poll_s > 60:
+                raise TfclusterError(f"the chief {chief.name} has not answered for {misses * poll_s:.0f}s")
+        else:
+            misses = 0
+            sup, task = got.get("supervisor", {}), got.get("task") or {}
+            step, total, eta = task.get("step", 0), task.get("total", 0), None
+            if task.get("phase") == "training" and step:
+                first = first or (time.monotonic(), step)
+                rate = (step - first[1]) / max(time.monotonic() - first[0], 1e-6)
+                eta = (total - step) / rate if rate > 0 else None
+            line = _progress_line(task, sup, eta)
+            if line != last_line:
+                print(line, flush=True)
+                last_line = line
+            if sup.get("state") in ("succeeded", "failed", "stopped", "deadline", "lost"):
+                return got
+        time.sleep(poll_s)
+    raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
+
+
+def collect_logs(spec: RunSpec, run_id: str) -> Path:
+    """Fetch every node's log and state to .tfcluster/<cluster>/logs/<run-id>/ (best effort)."""
+    state = ClusterState(spec.cluster)
+    dest = state.logs / run_id
+    dest.mkdir(parents=True, exist_ok=True)
+    extra = _extra_vars(state, "logs-vars.json", {"tf_node_logs_dest": str(dest)})
+    try:
+        ansible_run.playbook(state, "train.yml", extra, forks=spec.node_total, log_file=state.logs / "train.log",
+                             tags="logs")
+    except TfclusterError as exc:
+        say(f"could not fetch every node's log: {exc}")
+    return dest
+
+
+def train(spec: RunSpec, configure_first: bool = True) -> dict:
+    """Configure, start the tasks, wait with progress, stop ps/workers, fetch logs, verify."""
+    state = ClusterState(spec.cluster)
+    nodes = _nodes_or_fail(state)
+    up_spec = load_spec(state)
+    if up_spec and (up_spec.provider, [up_spec.count(r) for r in ("ps", "worker", "chief")]) != \
+            (spec.provider, [spec.count(r) for r in ("ps", "worker", "chief")]):
+        raise TfclusterError(f"cluster {spec.cluster} is up with another shape or provider; "
+                             f"run 'make up' with the new settings first")
+    run = read_run(state)
+    if run.get("state") == "unverified":
+        say(f"run {run['run_id']} was published but not verified yet: verifying it")
+        return verify(spec, run)
+    if configure_first:
+        configure(spec)
+    resume = run.get("state") in ("started", "interrupted", "failed")
+    run_id = run["run_id"] if resume else new_run_id()
+    settings = _run_settings(spec, run_id)
+    s3 = store.client(spec)
+    with phase("dataset"):
+        info = harness().data.ensure_dataset(s3, spec.get("storage.bucket"), settings["s3"]["dataset_prefix"],
+                                             str(TRAIN_DIR / "models" / f"{model_name(spec)}.py")
+                                             if not spec.get("training.model").endswith(".py")
+                                             else spec.get("training.model"))
+        say(f"dataset s3://{spec.get('storage.bucket')}/{settings['s3']['dataset_prefix']}/ "
+            + ("uploaded" if info["uploaded"] else "already there"))
+    run = {"run_id": run_id, "state": "started", "started": time.time(), "steps": settings["steps"],
+           "s3_prefix": f"s3://{spec.get('storage.bucket')}/{settings['s3']['run_prefix']}/",
+           "resumed": resume}
+    write_run(state, run)
+    say(("resuming" if resume else "starting") + f" run {run_id}: {settings['steps']} steps on "
+        f"{spec.count('worker')} workers, {spec.count('ps')} ps; model → {run['s3_prefix']}")
+    deadline = time.time() + settings["max_runtime_s"]
+    extra = _extra_vars(state, "train-vars.json", {"tf_node_run": settings, "tf_node_deadline": deadline})
+    chief = next(n for n in nodes if n.role == "chief")
+    try:
+        with phase("start parameter servers, workers and the chief (playbooks/train.yml)"):
+            ansible_run.playbook(state, "train.yml", extra, forks=len(nodes), log_file=state.logs / "train.log",
+                                 env=s3_env(spec), tags="start")
+        with phase("training"):
+            final = wait_for_chief(state, chief, settings["max_runtime_s"] + 120)
+    except KeyboardInterrupt:
+        run["state"] = "interrupted"
+        write_run(state, run)
+        say("interrupted: stopping every task and fetching logs (checkpoints are in S3; "
+            "'make train' resumes, 'make down' removes the cluster)")
+        _finish(spec, state, nodes, run_id, stop_chief=True)
+        raise
+    except TfclusterError:
+        run["state"] = "failed"
+        write_run(state, run)
+        _finish(spec, state, nodes, run_id, stop_chief=True)
+        raise
+    sup = final.get("supervisor", {})
+    logs = _finish(spec, state, nodes, run_id, stop_chief=False)
+    if sup.get("state") != "succeeded":
+        run["state"] = "failed"
+        write_run(state, run)
+        tail = _log_tail(logs / chief.name / "node.log")
+        raise TfclusterError(f"training failed: the chief's task ended '{sup.get('state')}' "
+                             f"(exit {sup.get('exit_code')}, restarts {sup.get('restarts', 0)}); logs in {logs}\n"
+                             + tail)
+    run["state"] = "unverified"
+    write_run(state, run)
+    return verify(spec, run)
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run_id: str, stop_chief: bool) -> Path:
+    """Stop ps and workers (and the chief when asked), then fetch every node's log."""
+    dest = state.logs / run_id
+    dest.mkdir(parents=True, exist_ok=True)
+    extra = _extra_vars(state, "finish-vars.json", {"tf_node_logs_dest": str(dest)})
+    with phase("stop parameter servers and workers, fetch logs"):
+        try:
+            if stop_chief:
+                ansible_run.playbook(state, "stop.yml", None, forks=len(nodes), log_file=state.logs / "train.log")
+            ansible_run.playbook(state, "train.yml", extra, forks=len(nodes), log_file=state.logs / "train.log",
+                                 tags="finish")
+        except TfclusterError as exc:
+            say(f"warning: {exc}")
+    return dest
+
+
+# -- publish / verify --------------------------------------------------------------------------
+def verify(spec: RunSpec, run: dict) -> dict:
+    """Read the published model back from S3, check every hash, evaluate it in a fresh process."""
+    state = ClusterState(spec.cluster)
+    settings = _run_settings(spec, run["run_id"])
+    dest = artifacts_root() / spec.cluster / run["run_id"]
+    with phase(f"verify the model in {run['s3_prefix']}"):
+        result = harness().verify.verify_run(store.client(spec), spec.get("storage.bucket"),
+                                             settings["s3"]["run_prefix"], dest)
+    run.update(state="verified", test_accuracy=result["test_accuracy"], artifacts=str(dest),
+               metrics=result.get("metrics", {}))
+    write_run(state, run)
+    print(f"test accuracy: {result['test_accuracy']:.4f}", flush=True)
+    say(f"model verified: {run['s3_prefix']} (copy in {dest})")
+    return run
+
+
+# -- guard, status, logs -----------------------------------------------------------------------
+def down_guard(cluster: str, force: bool) -> None:
+    """Refuse to destroy a cluster whose run may hold the only copy of a model."""
+    state = ClusterState(cluster)
+    run = read_run(state)
+    if force or run.get("state") not in OPEN_STATES:
+        return
+    if run["state"] == "unverified":
+        why = (f"run {run['run_id']} published a model to {run['s3_prefix']} that has not been verified; "
+               f"run 'make train CLUSTER={cluster}' to verify it")
+    else:
+        why = (f"run {run['run_id']} is still marked as training (the controller may have been stopped); "
+               f"'make status CLUSTER={cluster}' shows the nodes")
+    raise GuardError(f"refusing to destroy cluster {cluster}: {why}, or 'make down FORCE=1' to destroy anyway")
+
+
+def fetch_logs_before_down(cluster: str) -> None:
+    """Best effort: a cluster with a run gets its node logs fetched before it is destroyed."""
+    state = ClusterState(cluster)
+    run, spec = read_run(state), (load_spec(state) if state.spec.exists() else None)
+    if not run or not spec or not read_nodes(state.nodes):
+        return
+    with phase("fetch node logs before teardown"):
+        collect_logs(spec, run["run_id"])
+
+
+def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:
+    out = {}
+    for n in nodes:
+        got = node_task_status(state, n, timeout=5)
+        if got is None:
+            out[n.name] = "no answer"
+            continue
+        sup, task = got.get("supervisor") or {}, got.get("task") or {}
+        text = sup.get("state", "idle")
+        if sup.get("restarts"):
+            text += f" (restarts {sup['restarts']})"
+        if n.role == "chief" and task:
+            text += f", {task.get('phase', '?')} step {task.get('step', 0)}/{task.get('total', 0)}"
+            if task.get("examples_per_sec"):
+                text += f", {task['examples_per_sec']:.0f} examples/s"
+        out[n.name] = text
+    return out
+
+
+def show_log(cluster: str, node_name: str, lines: int = 200) -> int:
+    state = ClusterState(cluster)
+    nodes = {n.name: n for n in read_nodes(state.nodes)}
+    if node_name in nodes:
+        res = subprocess.run(ssh_command(state, nodes[node_name], f"tail -n {lines} {TASK_DIR}/node.log"),
+                             capture_output=True, text=True, timeout=30)
+        if res.returncode == 0:
+            sys.stdout.write(res.stdout)
+            return 0
+    run = read_run(state)
+    fetched = state.logs / run.get("run_id", "-") / node_name / "node.log"
+    if fetched.exists():
+        print(f"(node not reachable; fetched log {fetched})")
+        sys.stdout.write("\n".join(fetched.read_text(errors="replace").splitlines()[-lines:]) + "\n")
+        return 0
+    known = ", ".join(sorted(nodes)) or "none (cluster not up)"
+    raise TfclusterError(f"no log for node {node_name!r}; nodes: {known}")
+
