@@ -14,6 +14,7 @@ import secrets
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from . import ansible_run, store, wheelhouse
@@ -101,7 +102,8 @@ def node_task_status(state: ClusterState, node: Node, timeout: int = 10) -> dict
 
 
 def _extra_vars(state: ClusterState, name: str, data: dict) -> Path:
-    path = state.dir / name
+    (state.dir / "vars").mkdir(exist_ok=True)
+    path = state.dir / "vars" / name
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
 
@@ -109,23 +111,34 @@ def _extra_vars(state: ClusterState, name: str, data: dict) -> Path:
 # -- configure ---------------------------------------------------------------------------------
 def configure(spec: RunSpec) -> None:
     """Run playbooks/site.yml on every node (idempotent)."""
+    from .providers import get_provider
+
     state = ClusterState(spec.cluster)
     nodes = _nodes_or_fail(state)
     gpus = max(n.gpus for n in nodes)
+    package = wheelhouse.package_for(gpus)
     with phase("prepare the wheelhouse"):
-        wheels = wheelhouse.ensure(spec.get("tensorflow.version"), wheelhouse.package_for(gpus), log=say)
+        wheels = wheelhouse.ensure(spec.get("tensorflow.version"), package, log=say)
     model = spec.get("training.model")
-    extra = _extra_vars(state, "configure-vars.json", {
+    bundle, bundle_id = wheelhouse.harness_bundle(TRAIN_DIR, state.dir / "vars",
+                                                  model if model.endswith(".py") else "")
+    variables = {
         "tensorflow_version": spec.get("tensorflow.version"),
-        "tensorflow_package": wheelhouse.package_for(gpus),
+        "tensorflow_package": package,
         "tensorflow_wheelhouse_src": str(wheels),
         "tf_node_train_src": str(TRAIN_DIR),
-        "tf_node_model_file": model if model.endswith(".py") else "",
-    })
+        "tf_node_bundle": str(bundle),
+    }
     state.logs.mkdir(parents=True, exist_ok=True)
-    with phase(f"configure {len(nodes)} nodes (playbooks/site.yml)"):
-        ansible_run.playbook(state, "site.yml", extra, forks=len(nodes), log_file=state.logs / "configure.log",
-                             env=s3_env(spec))
+    host = get_provider(spec.provider, state).wheelhouse_host(spec)
+    with phase(f"configure {len(nodes)} nodes (playbooks/site.yml, harness {bundle_id})"), \
+            (wheelhouse.serve(wheels, host) if host else nullcontext()) as url:
+        if url:
+            variables["tensorflow_wheelhouse_url"] = url
+        extra = _extra_vars(state, "configure-vars.json", variables)
+        recap = ansible_run.playbook(state, "site.yml", extra, forks=len(nodes),
+                                     log_file=state.logs / "configure.log", env=s3_env(spec))
+    ansible_run.check_reported(recap, [n.name for n in nodes], "configure")
 
 
 # -- train -------------------------------------------------------------------------------------
@@ -151,6 +164,8 @@ def _run_settings(spec: RunSpec, run_id: str) -> dict:
 
 
 def _progress_line(task: dict, sup: dict, eta_s: float | None) -> str:
+    if not task:
+        return f"  [{sup.get('state', 'starting')}] waiting for the chief's first report"
     step, total = task.get("step", 0), task.get("total", 0) or 1
     parts = [f"[{task.get('phase', sup.get('state', '?'))}] step {step}/{total} ({100 * step // total}%)"]
     if task.get("loss") is not None:
@@ -243,8 +258,9 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
     chief = next(n for n in nodes if n.role == "chief")
     try:
         with phase("start parameter servers, workers and the chief (playbooks/train.yml)"):
-            ansible_run.playbook(state, "train.yml", extra, forks=len(nodes), log_file=state.logs / "train.log",
-                                 env=s3_env(spec), tags="start")
+            recap = ansible_run.playbook(state, "train.yml", extra, forks=len(nodes),
+                                         log_file=state.logs / "train.log", env=s3_env(spec), tags="start")
+            ansible_run.check_reported(recap, [n.name for n in nodes], "start")
         with phase("training"):
             final = wait_for_chief(state, chief, settings["max_runtime_s"] + 120)
     except KeyboardInterrupt:
@@ -335,6 +351,8 @@ def fetch_logs_before_down(cluster: str) -> None:
     run, spec = read_run(state), (load_spec(state) if state.spec.exists() else None)
     if not run or not spec or not read_nodes(state.nodes):
         return
+    if state.run.stat().st_mtime < state.nodes.stat().st_mtime:
+        return  # the record is of a run on an earlier cluster of this name
     with phase("fetch node logs before teardown"):
         collect_logs(spec, run["run_id"])
 

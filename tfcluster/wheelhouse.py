@@ -6,8 +6,17 @@ Nodes install from their copy of it with ``pip --no-index``, so a cluster of N n
 
 from __future__ import annotations
 
+import functools
+import gzip
+import hashlib
+import http.server
+import io
 import subprocess
 import sys
+import tarfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import TfclusterError
@@ -39,3 +48,52 @@ def ensure(version: str, package: str = "tensorflow-cpu", log=print) -> Path:
         raise TfclusterError(f"could not download {package}=={version}: {res.stderr.strip()[-1500:]}")
     marker.write_text(f"{package}=={version}\n")
     return target
+
+
+@contextmanager
+def serve(directory: Path, host: str) -> Iterator[str]:
+    """Serve the wheelhouse over HTTP on host (the cluster bridge's address) while the block runs.
+
+    Local nodes have no route beyond their bridge; pip on each of them reads the controller's
+    wheelhouse from this short-lived server instead of a copy per node.
+    """
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, 0), functools.partial(Quiet, directory=str(directory)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def harness_bundle(train_dir: Path, dest_dir: Path, model_file: str = "") -> tuple[Path, str]:
+    """A reproducible tar.gz of the harness and the models (plus a user's model file).
+
+    The same sources give the same bytes, so the copy to the nodes is skipped when nothing changed.
+    Returns the bundle's path and its content id.
+    """
+    members = sorted((f"tfc_harness/{p.name}", p) for p in (train_dir / "tfc_harness").glob("*.py"))
+    members += sorted((f"models/{p.name}", p) for p in (train_dir / "models").glob("*.py"))
+    if model_file:
+        members.append((f"models/{Path(model_file).name}", Path(model_file)))
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, path in members:
+            data = path.read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    packed = io.BytesIO()
+    with gzip.GzipFile(fileobj=packed, mode="wb", mtime=0) as gz:
+        gz.write(raw.getvalue())
+    digest = hashlib.sha256(packed.getvalue()).hexdigest()[:16]
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    bundle = dest_dir / "harness.tar.gz"
+    bundle.write_bytes(packed.getvalue())
+    return bundle, digest

@@ -78,6 +78,10 @@ class Provider(ABC):
     def down(self) -> None:
         """Destroy everything the provider created for this cluster."""
 
+    def wheelhouse_host(self, spec: RunSpec) -> str | None:
+        """An address of this controller the nodes reach, to serve them the wheelhouse; None = copy it."""
+        return None
+
     def force_cleanup(self) -> None:  # noqa: B027  optional hook: most providers' records are complete
         """Remove what the provider's own records miss (after an interrupted ``up``)."""
 

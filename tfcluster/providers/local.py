@@ -65,6 +65,9 @@ class LocalProvider(TerraformProvider):
             "ssh_timeout": str(min(spec.get("ssh.timeout_seconds"), 120)),
         }
 
+    def wheelhouse_host(self, spec: RunSpec) -> str | None:
+        return str(next(ipaddress.ip_network(subnet_for(spec)).hosts()))  # the bridge's address
+
     def leftovers(self) -> list[str]:
         found = super().leftovers()
         cluster = self.state.cluster
