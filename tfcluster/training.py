@@ -80,13 +80,12 @@ def s3_env(spec: RunSpec) -> dict[str, str]:
 def ssh_command(state: ClusterState, node: Node, command: str, timeout: int = 10) -> list[str]:
     return ["ssh", "-i", str(state.ssh_key), "-o", f"UserKnownHostsFile={state.known_hosts}",
             "-o", "StrictHostKeyChecking=accept-new", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}",
-            "-o", "ControlMaster=auto", "-o", f"ControlPath={state.dir / 'cp'}/ctl-%C", "-o", "ControlPersist=30s",
+            "-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/tfc-ssh-%C", "-o", "ControlPersist=30s",
             "-p", str(node.ssh_port), f"{node.ssh_user}@{node.public_ip}", command]
 
 
 def node_task_status(state: ClusterState, node: Node, timeout: int = 10) -> dict | None:
     """The node's supervisor and task status, or None when the node does not answer."""
-    (state.dir / "cp").mkdir(mode=0o700, exist_ok=True)
     try:
         res = subprocess.run(ssh_command(state, node, f"/usr/local/bin/tfc-supervise status --dir {TASK_DIR}",
                                          timeout=min(timeout, 10)),

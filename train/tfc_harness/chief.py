@@ -29,7 +29,7 @@ from .status import Progress, write_status
 
 TIMEOUT_EXIT_CODE = 3
 LOSS_SAMPLES = 8          # remote losses fetched per scheduling chunk
-CHUNK_TARGET_S = 0.25     # aim for this much work between coordinator.join() calls
+CHUNK_TARGET_S = 0.5      # aim for this much work between coordinator.join() calls
 
 
 class HarnessError(RuntimeError):
@@ -129,9 +129,9 @@ def run(settings: Settings) -> int:
     try:
         return _run(settings, state, started)
     except Exception as exc:
-        msg = f"{type(exc).__name__}: {exc}"
+        phase, msg = state.phase, f"{type(exc).__name__}: {exc}"
         state.report("failed", error=msg)
-        print(f"ERROR: chief failed in phase {state.phase!r}: {msg}", file=sys.stderr, flush=True)
+        print(f"ERROR: chief failed in phase {phase!r}: {msg}", file=sys.stderr, flush=True)
         return 1
     finally:
         watchdog.cancel()
@@ -152,7 +152,8 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
     x_test, y_test = data.load_split(client, s3.bucket, s3.dataset_prefix, "test")
     example_shape = tuple(int(d) for d in x_test.shape[1:])
 
-    wait_for_peers(settings.peers(), max(1.0, settings.max_runtime_s - (time.monotonic() - started) - 5))
+    # Leave the watchdog a little time so that an absent peer ends in an error naming it, not a timeout.
+    wait_for_peers(settings.peers(), max(1.0, settings.max_runtime_s - (time.monotonic() - started) - 2))
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
@@ -188,7 +189,7 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
                 if model.losses:
                     loss += tf.add_n(model.losses)
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
         x, y = next(iterator)
@@ -251,7 +252,8 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
         "restored_from_step": restored_from,
     }
     publish.publish_run(client, s3.bucket, s3.run_prefix, model_dir, run_metrics,
-                        run_id=settings.run_id, cluster=settings.cluster, log=log)
+                        run_id=settings.run_id, cluster=settings.cluster,
+                        dataset_prefix=s3.dataset_prefix, log=log)
     state.report("done", accuracy=metrics["test_accuracy"])
     log("chief: done")
     return 0

@@ -80,7 +80,7 @@ def ensure_dataset(s3_client, bucket: str, dataset_prefix: str, model_module: st
     if not isinstance(splits, dict) or set(SPLITS) - set(splits):
         raise ValueError(f"{module.__name__}.make_dataset() must return {{'train': (x, y), 'test': (x, y)}}")
     rows = {}
-    for split, key in zip(SPLITS, keys):
+    for split, key in zip(SPLITS, keys, strict=True):
         x, y = check_arrays(*splits[split], what=f"{module.__name__} {split} split")
         s3io.upload_bytes(s3_client, to_npz_bytes(x, y), bucket, key)
         rows[split] = len(x)

@@ -41,7 +41,7 @@ def build_manifest(files: dict[str, Path], run_id: str, cluster: str, created: s
     """Manifest document for ``files`` (as returned by :func:`model_files`)."""
     if not files:
         raise ValueError("refusing to build a manifest without files")
-    created = created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    created = created or _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"files": {key: {"sha256": sha256_file(path), "size": path.stat().st_size}
                       for key, path in sorted(files.items())},
             "run_id": run_id, "cluster": cluster, "created": created}

@@ -3,7 +3,8 @@
 Layout (written in this order; readers trust a run only once ``_SUCCESS`` exists)::
 
     model/...        every file of the SavedModel
-    manifest.json    sha256 and size of each model file (:mod:`tfc_harness.manifest`)
+    manifest.json    sha256 and size of each model file (:mod:`tfc_harness.manifest`), plus the
+                     dataset_prefix whose test split evaluates it
     metrics.json     test_accuracy, test_loss, steps, examples_per_sec, train_seconds, workers,
                      restored_from_step
     _SUCCESS         empty marker, last
@@ -46,13 +47,18 @@ def published(s3_client, bucket: str, run_prefix: str) -> bool:
 
 
 def publish_run(s3_client, bucket: str, run_prefix: str, model_dir: str | os.PathLike, metrics: dict,
-                run_id: str, cluster: str, log=print) -> dict:
-    """Upload model files, manifest.json, metrics.json and then ``_SUCCESS``; returns the manifest."""
+                run_id: str, cluster: str, dataset_prefix: str | None = None, log=print) -> dict:
+    """Upload model files, manifest.json, metrics.json and then ``_SUCCESS``; returns the manifest.
+
+    ``dataset_prefix`` is recorded in the manifest so that a verifier can find the test split.
+    """
     missing = [k for k in METRICS_KEYS if k not in metrics]
     if missing:
         raise ValueError(f"metrics lack {missing}")
     files = manifest.model_files(model_dir)
     doc = manifest.build_manifest(files, run_id=run_id, cluster=cluster)
+    if dataset_prefix:
+        doc["dataset_prefix"] = dataset_prefix
     for key, path in files.items():
         s3io.upload_file(s3_client, path, bucket, s3io.join_key(run_prefix, key))
     s3io.upload_bytes(s3_client, json.dumps(doc, indent=2, sort_keys=True).encode(), bucket,

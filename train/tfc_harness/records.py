@@ -27,7 +27,7 @@ def write_tfrecord(path: str | os.PathLike, x: np.ndarray, y: np.ndarray) -> Pat
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
     with tf.io.TFRecordWriter(str(tmp)) as writer:
-        for xi, yi in zip(x, y):
+        for xi, yi in zip(x, y, strict=True):
             example = tf.train.Example(features=tf.train.Features(feature={
                 "x": tf.train.Feature(float_list=tf.train.FloatList(value=np.ravel(xi).tolist())),
                 "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(yi)])),

@@ -1,0 +1,132 @@
+"""End to end on the local provider: make up train down trains a real model and leaves it in S3.
+
+One cluster serves the whole module (configuring nodes is the slow part): a default run, a second
+configure that must change nothing, a run whose training fails, the down guard, and teardown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from tests.conftest import PYTHON, REPO, needs_root
+from tests.integration.helpers import force_down, leftovers, make
+
+pytestmark = [pytest.mark.e2e, needs_root()]
+CLUSTER = "tfct-e2e"
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    h = tmp_path_factory.mktemp("e2e") / "state"
+    h.mkdir()
+    yield h
+    force_down(h, CLUSTER)
+    assert leftovers(h, CLUSTER) == []
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    return tmp_path_factory.mktemp("artifacts")
+
+
+def tfcluster(home, artifacts, *args, timeout=900):
+    env = dict(os.environ, TFCLUSTER_HOME=str(home), TFCLUSTER_ARTIFACTS=str(artifacts), PYTHONUNBUFFERED="1")
+    return subprocess.run([PYTHON, "-m", "tfcluster", *args, "--cluster", CLUSTER], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def s3_client(home):
+    os.environ["TFCLUSTER_HOME"] = str(home)
+    try:
+        from tfcluster import config, store
+
+        return store.client(config.resolve())
+    finally:
+        os.environ.pop("TFCLUSTER_HOME")
+
+
+@pytest.fixture(scope="module")
+def trained(home, artifacts):
+    up = make("up", home, CLUSTER=CLUSTER, timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    res = make("train", home, CLUSTER=CLUSTER, env={"TFCLUSTER_ARTIFACTS": str(artifacts)}, timeout=1500)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    return res
+
+
+def test_train_publishes_a_verified_model(home, artifacts, trained):
+    out = trained.stdout
+    assert re.search(r"step \d+/600 \(\d+%\), loss [0-9.]+", out), "no training progress shown"
+    acc = float(re.search(r"^test accuracy: ([0-9.]+)$", out, re.M).group(1))
+    assert acc >= 0.90, out[-3000:]
+
+    run = json.loads((home / CLUSTER / "run.json").read_text())
+    assert run["state"] == "verified"
+    bucket, prefix = re.match(r"s3://([^/]+)/(.+)/$", run["s3_prefix"]).groups()
+    s3 = s3_client(home)
+    keys = {o["Key"][len(prefix) + 1:] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")["Contents"]}
+    assert {"_SUCCESS", "manifest.json", "metrics.json"} <= keys
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read())
+    assert any(k.endswith("saved_model.pb") for k in manifest["files"])
+    for rel, meta in manifest["files"].items():   # every hash, read back independently
+        body = s3.get_object(Bucket=bucket, Key=f"{prefix}/{rel}")["Body"].read()
+        assert hashlib.sha256(body).hexdigest() == meta["sha256"], rel
+    metrics = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/metrics.json")["Body"].read())
+    assert metrics["test_accuracy"] >= 0.90 and metrics["steps"] == 600
+    local = artifacts / CLUSTER / run["run_id"]
+    assert (local / "manifest.json").exists() and (local / "_SUCCESS").exists()
+
+    for node in ("ps-0", "worker-0", "worker-1", "chief-0"):
+        assert (home / CLUSTER / "logs" / run["run_id"] / f"{CLUSTER}-{node}" / "node.log").exists()
+
+
+def test_status_and_logs(home, artifacts, trained):
+    res = tfcluster(home, artifacts, "status")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "task: succeeded" in res.stdout and "verified" in res.stdout
+    assert res.stdout.count("task: stopped") == 3       # ps and workers were stopped after the run
+    res = tfcluster(home, artifacts, "logs", f"{CLUSTER}-chief-0")
+    assert res.returncode == 0 and "task succeeded" in res.stdout, res.stdout + res.stderr
+
+
+def test_second_configure_changes_nothing(home, artifacts, trained):
+    res = tfcluster(home, artifacts, "configure")
+    assert res.returncode == 0, res.stdout[-4000:]
+    recap = re.findall(rf"^\s*({CLUSTER}-\S+)\s+: ok=\d+\s+changed=(\d+)", res.stdout, re.M)
+    assert len(recap) == 4 and all(changed == "0" for _, changed in recap), recap
+
+
+def test_failed_training_fetches_logs_and_down_guard(home, artifacts, trained, tmp_path):
+    broken = tmp_path / "broken_model.py"
+    broken.write_text(
+        "import numpy as np\n\n\n"
+        "def make_dataset():\n"
+        "    rng = np.random.default_rng(0)\n"
+        "    x, y = rng.random((64, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, 64)\n"
+        "    return {'train': (x, y), 'test': (x[:16], y[:16])}\n\n\n"
+        "def build_model():\n"
+        "    raise RuntimeError('injected model failure')\n")
+    res = tfcluster(home, artifacts, "train", "--set", f"training.model={broken}",
+                    "--set", "max_runtime_minutes=5", timeout=900)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr
+    assert "training failed" in res.stderr
+    run = json.loads((home / CLUSTER / "run.json").read_text())
+    assert run["state"] == "failed"
+    chief_log = home / CLUSTER / "logs" / run["run_id"] / f"{CLUSTER}-chief-0" / "node.log"
+    assert "injected model failure" in chief_log.read_text()
+
+    # a model published but not verified: down refuses, FORCE=1 goes ahead
+    run["state"] = "unverified"
+    (home / CLUSTER / "run.json").write_text(json.dumps(run))
+    res = make("down", home, CLUSTER=CLUSTER)
+    assert res.returncode != 0 and "refusing to destroy" in res.stderr, res.stdout + res.stderr
+    assert leftovers(home, CLUSTER), "the guard must keep the cluster"
+    res = make("down", home, CLUSTER=CLUSTER, FORCE="1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert leftovers(home, CLUSTER) == []

@@ -1,0 +1,68 @@
+"""The chief's guards: waiting for peers, the max_runtime_s watchdog, a clear error when peers are away."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from harness_support import TRAIN_DIR, example_settings, free_port, node_env, render_entry
+from tfc_harness import chief, data
+
+
+def test_wait_for_peers_returns_when_all_listen():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        chief.wait_for_peers([("ps/0", f"127.0.0.1:{server.getsockname()[1]}")], timeout_s=5)
+
+
+def test_wait_for_peers_names_the_missing_ones():
+    port = free_port()
+    with pytest.raises(chief.HarnessError, match=rf"not reachable after 0s: worker/1 \(127.0.0.1:{port}\)"):
+        chief.wait_for_peers([("worker/1", f"127.0.0.1:{port}")], timeout_s=0.3, poll_s=0.1)
+
+
+def test_watchdog_fails_the_chief_after_max_runtime(tmp_path):
+    settings = example_settings(state_dir=str(tmp_path), max_runtime_s=1)
+    code = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(TRAIN_DIR)!r})
+        from tfc_harness import chief, settings
+        state = chief.ChiefState(settings.validate({settings!r}))
+        state.phase = "training"
+        chief.start_watchdog(state, 0.5)
+        time.sleep(30)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == chief.TIMEOUT_EXIT_CODE
+    assert "max_runtime_s=1 exceeded during phase 'training'" in proc.stderr
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["phase"] == "failed" and "max_runtime_s=1 exceeded" in status["error"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
+def test_chief_without_peers_exits_with_a_clear_error(s3_client, moto_endpoint, tmp_path):
+    s3_client.create_bucket(Bucket="lonely")
+    data.ensure_dataset(s3_client, "lonely", "datasets/digits", "digits")
+    cluster = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}"],
+               "chief": [f"127.0.0.1:{free_port()}"]}
+    settings = example_settings(
+        state_dir=str(tmp_path / "chief"), max_runtime_s=15,
+        tf_config={"cluster": cluster, "task": {"type": "chief", "index": 0}},
+        s3={"endpoint": moto_endpoint, "region": "us-east-1", "bucket": "lonely", "run_prefix": "runs/l/1",
+            "checkpoint_prefix": "runs/l/ckpt", "dataset_prefix": "datasets/digits"})
+    script = tmp_path / "entry.py"
+    script.write_text(render_entry(TRAIN_DIR, settings))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90,
+                          env=node_env(), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ERROR: chief failed in phase 'starting': HarnessError: peers not reachable" in proc.stderr
+    assert f"ps/0 ({cluster['ps'][0]})" in proc.stderr and f"worker/0 ({cluster['worker'][0]})" in proc.stderr
+    assert "testing" not in proc.stdout + proc.stderr        # credentials never printed
+    status = json.loads((tmp_path / "chief" / "status.json").read_text())
+    assert status["phase"] == "failed" and "peers not reachable" in status["error"]

@@ -1,0 +1,144 @@
+"""End to end: 1 ps + 2 workers + chief as real processes on loopback, S3 from moto_server.
+
+One test keeps the suite fast: the first chief trains to step FIRST_STEPS and publishes run A; a second
+chief with the same checkpoint prefix resumes at that step, trains to STEPS and publishes run B, which is
+read back and evaluated in a fresh process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from harness_support import TRAIN_DIR, free_port, node_env, render_entry
+from tfc_harness import data, publish, verify
+
+# Defaults recommended for the digits model: ~300 steps reach >= 0.95 test accuracy in a few seconds of
+# training on 2 cores (100 steps already give ~0.95; the margin covers unlucky shuffles).
+STEPS = 300
+FIRST_STEPS = 100
+BATCH_SIZE = 64
+LEARNING_RATE = 0.005
+CHECKPOINT_EVERY = 100
+BUCKET = "tfc-e2e"
+CHIEF_TIMEOUT_S = 240
+
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")]
+
+
+def make_settings(endpoint: str, tf_cluster: dict, role: str, index: int, state_dir: Path, *,
+                  steps: int, run_id: str) -> dict:
+    return {
+        "cluster": "e2e",
+        "run_id": run_id,
+        "role": role,
+        "index": index,
+        "tf_config": {"cluster": tf_cluster, "task": {"type": role, "index": index}},
+        "model_module": "digits",
+        "steps": steps,
+        "batch_size": BATCH_SIZE,
+        "learning_rate": LEARNING_RATE,
+        "checkpoint_every": CHECKPOINT_EVERY,
+        "s3": {"endpoint": endpoint, "region": "us-east-1", "bucket": BUCKET,
+               "run_prefix": f"runs/e2e/{run_id}", "checkpoint_prefix": "runs/e2e/checkpoints",
+               "dataset_prefix": "datasets/digits"},
+        "state_dir": str(state_dir),
+        "max_runtime_s": CHIEF_TIMEOUT_S,
+    }
+
+
+def start_node(processes, tmp_path: Path, name: str, settings: dict):
+    """Render the entry script and run it like a node would: no scikit-learn importable."""
+    blocker = tmp_path / "no-sklearn" / "sklearn"
+    if not blocker.exists():
+        blocker.mkdir(parents=True)
+        (blocker / "__init__.py").write_text("raise ImportError('scikit-learn is not installed on nodes')\n")
+    script = tmp_path / "entry" / f"{name}.py"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(render_entry(TRAIN_DIR, settings))
+    env = node_env({"PYTHONPATH": str(blocker.parent)})
+    return processes.start(name, [sys.executable, str(script)], env=env, cwd=str(tmp_path))
+
+
+def wait_serving(processes, state_dirs: dict[str, Path], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = dict(state_dirs)
+    while pending and time.monotonic() < deadline:
+        for name, state_dir in list(pending.items()):
+            proc = processes.procs[name][0]
+            assert proc.poll() is None, f"{name} exited with {proc.returncode}:\n{processes.log(name)}"
+            status = state_dir / "status.json"
+            if status.exists() and json.loads(status.read_text())["phase"] == "serving":
+                del pending[name]
+        time.sleep(0.2)
+    assert not pending, f"not serving after {timeout_s}s: {sorted(pending)}"
+
+
+def test_train_resume_publish_verify(moto_endpoint, s3_client, processes, tmp_path):
+    s3_client.create_bucket(Bucket=BUCKET)
+    assert data.ensure_dataset(s3_client, BUCKET, "datasets/digits", "digits")["uploaded"]
+
+    names = {"ps": ["ps0"], "worker": ["worker0", "worker1"], "chief": ["chief"]}
+    tf_cluster = {role: [f"127.0.0.1:{free_port()}" for _ in nodes] for role, nodes in names.items()}
+    state = {name: tmp_path / "nodes" / name for nodes in names.values() for name in nodes}
+
+    for role in ("ps", "worker"):
+        for index, name in enumerate(names[role]):
+            start_node(processes, tmp_path, name, make_settings(
+                moto_endpoint, tf_cluster, role, index, state[name], steps=STEPS, run_id="a"))
+    wait_serving(processes, {n: state[n] for n in ("ps0", "worker0", "worker1")}, timeout_s=90)
+    for name in ("worker0", "worker1"):
+        assert (state[name] / "data" / "train-shard.tfrecord").is_file()
+
+    # First chief: trains to FIRST_STEPS, checkpoints and publishes run "a".
+    start_node(processes, tmp_path, "chief-a", make_settings(
+        moto_endpoint, tf_cluster, "chief", 0, state["chief"], steps=FIRST_STEPS, run_id="a"))
+    rc = processes.wait("chief-a", CHIEF_TIMEOUT_S)
+    log_a = processes.log("chief-a")
+    assert rc == 0, log_a
+    assert f"checkpoint saved at step {FIRST_STEPS}" in log_a
+    assert "resumed from checkpoint" not in log_a
+    assert publish.published(s3_client, BUCKET, "runs/e2e/a")
+
+    # Second chief, same checkpoint prefix: resumes at FIRST_STEPS and finishes run "b".
+    start_node(processes, tmp_path, "chief-b", make_settings(
+        moto_endpoint, tf_cluster, "chief", 0, state["chief"], steps=STEPS, run_id="b"))
+    rc = processes.wait("chief-b", CHIEF_TIMEOUT_S)
+    log_b = processes.log("chief-b")
+    assert rc == 0, log_b
+    assert f"resumed from checkpoint at step {FIRST_STEPS}" in log_b
+    assert f"step {STEPS}/{STEPS} loss" in log_b
+    status = json.loads((state["chief"] / "status.json").read_text())
+    assert status["phase"] == "done" and status["step"] == STEPS and status["accuracy"] >= 0.9
+
+    result = verify.verify_run(s3_client, BUCKET, "runs/e2e/b", tmp_path / "verify-b")
+    print(f"verified run b: test accuracy {result['test_accuracy']:.4f}, metrics {result['metrics']}")
+    assert result["test_accuracy"] >= 0.90
+    manifest = json.loads((tmp_path / "verify-b" / "manifest.json").read_text())
+    assert set(result["files"]) == set(manifest["files"])
+    assert "model/saved_model.pb" in manifest["files"]
+    for key in manifest["files"]:
+        assert (tmp_path / "verify-b" / key).is_file()
+    metrics = result["metrics"]
+    assert metrics["restored_from_step"] == FIRST_STEPS and metrics["steps"] == STEPS
+    assert metrics["workers"] == 2
+    assert abs(metrics["test_accuracy"] - result["test_accuracy"]) < 1e-6
+
+    # The CLI form, as the controller would run it.
+    cli = subprocess.run([sys.executable, "-m", "tfc_harness.verify", "--bucket", BUCKET, "--run-prefix",
+                          "runs/e2e/b", "--dest", str(tmp_path / "verify-cli"), "--endpoint", moto_endpoint],
+                         capture_output=True, text=True, env=node_env({"PYTHONPATH": str(TRAIN_DIR)}),
+                         timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert re.search(r"^test accuracy: 0\.9\d{3}$", cli.stdout, re.M), cli.stdout
+
+    # ps and workers are still serving (they never exit by themselves); the fixture kills them.
+    for name in ("ps0", "worker0", "worker1"):
+        assert processes.procs[name][0].poll() is None

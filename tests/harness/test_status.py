@@ -1,0 +1,43 @@
+"""status.json writing and the chief's progress lines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tfc_harness import status
+
+
+def test_write_status_is_atomic_and_has_the_keys(tmp_path):
+    status.write_status(tmp_path, role="chief", phase="training", step=120, total=600, loss=0.42131,
+                        examples_per_sec=3150.24)
+    doc = json.loads((tmp_path / "status.json").read_text())
+    assert set(doc) == {"role", "phase", "step", "total", "loss", "examples_per_sec", "updated"}
+    assert doc["step"] == 120 and doc["loss"] == 0.42131 and doc["examples_per_sec"] == 3150.2
+    status.write_status(tmp_path, role="chief", phase="done", step=600, total=600, accuracy=0.97)
+    assert status.read_status(tmp_path)["accuracy"] == 0.97
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]   # no temp files left
+
+
+def test_unknown_phase_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown phase"):
+        status.write_status(tmp_path, role="ps", phase="running")
+    assert status.read_status(tmp_path) is None
+
+
+def test_progress_line_format():
+    assert status.format_progress(120, 600, 0.42131, 3150.24, 4.4) == \
+        "step 120/600 loss 0.4213 examples/s 3150.2 eta 4s"
+
+
+def test_progress_rates_and_cadence():
+    now = [100.0]
+    progress = status.Progress(total=600, batch_size=64, start_step=100, clock=lambda: now[0])
+    now[0] += 0.5
+    assert not progress.due()
+    now[0] += 0.6
+    assert progress.due() and not progress.due()
+    now[0] = 102.0                                   # 2 s for 100 steps after the restore point
+    assert progress.examples_per_sec(200) == pytest.approx(3200.0)
+    assert progress.eta_s(200) == pytest.approx(8.0)
+    assert progress.line(200, 0.5) == "step 200/600 loss 0.5000 examples/s 3200.0 eta 8s"

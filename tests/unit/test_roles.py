@@ -1,0 +1,105 @@
+"""Roles: argument specs in step with defaults; the task supervisor's behaviour."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+ROLES = sorted(p for p in (REPO / "roles").iterdir() if p.is_dir())
+SUPERVISE = REPO / "roles" / "tf_node" / "files" / "tfc-supervise"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_argument_specs_match_defaults(role):
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {}
+    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    assert set(specs["main"]["options"]) == set(defaults), role.name
+    for name in defaults:
+        assert name.startswith(role.name + "_"), f"{name} lacks the role prefix"
+    for entry, spec in specs.items():
+        for name, opt in spec["options"].items():
+            assert "type" in opt and "description" in opt, f"{role.name}/{entry}/{name}"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
+def test_every_task_is_named_and_fqcn(role):
+    for path in (role / "tasks").glob("*.yml"):
+        for task in yaml.safe_load(path.read_text()) or []:
+            assert task.get("name"), f"{path}: unnamed task {task}"
+            module = next(k for k in task if k not in ("name", "register", "when", "loop", "vars", "no_log",
+                                                       "changed_when", "delegate_to", "run_once", "environment",
+                                                       "with_fileglob", "tags", "become"))
+            assert module.startswith("ansible."), f"{path}: {task['name']} uses {module} without FQCN"
+
+
+def _sup(*args, timeout=30):
+    return subprocess.run([str(SUPERVISE), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _state(d: Path) -> dict:
+    return json.loads(_sup("status", "--dir", str(d)).stdout)["supervisor"]
+
+
+def _wait_state(d: Path, states, timeout=30.0) -> dict:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        st = _state(d)
+        if st.get("state") in states:
+            return st
+        time.sleep(0.1)
+    raise AssertionError(f"supervisor never reached {states}: {_state(d)}")
+
+
+def test_supervisor_restarts_with_bounded_tries_and_env_file(tmp_path):
+    env = tmp_path / "env"
+    env.write_text("SECRET_FOR_TASK=s3cr3t\n")
+    d = tmp_path / "task"
+    res = _sup("start", "--dir", str(d), "--env-file", str(env), "--max-restarts", "2", "--",
+               "/bin/sh", "-c", '[ "${#SECRET_FOR_TASK}" = 6 ] && echo has-env; exit 3')
+    assert res.stdout.startswith("started"), res.stdout + res.stderr
+    st = _wait_state(d, ("failed",))
+    assert (st["restarts"], st["exit_code"]) == (2, 3)
+    log = (d / "node.log").read_text()
+    assert log.splitlines().count("has-env") == 3 and "restarting in 1s" in log and "restarting in 2s" in log
+    assert "s3cr3t" not in log
+
+
+def test_supervisor_start_is_idempotent_and_stop_ends_the_task(tmp_path):
+    d = tmp_path / "task"
+    assert _sup("start", "--dir", str(d), "--", "sleep", "300").stdout.startswith("started")
+    first = _wait_state(d, ("running",))
+    assert _sup("start", "--dir", str(d), "--", "sleep", "300").stdout.startswith("already running")
+    assert _state(d)["child_pid"] == first["child_pid"]
+    assert _sup("stop", "--dir", str(d)).stdout.startswith("stopped")
+    assert _state(d)["state"] == "stopped"
+    with pytest.raises(ProcessLookupError):
+        import os
+
+        os.kill(first["child_pid"], 0)
+
+
+def test_supervisor_success_and_deadline(tmp_path):
+    ok = tmp_path / "ok"
+    _sup("start", "--dir", str(ok), "--", "true")
+    assert _wait_state(ok, ("succeeded", "failed"))["state"] == "succeeded"
+    late = tmp_path / "late"
+    _sup("start", "--dir", str(late), "--deadline", str(time.time() + 1), "--", "sleep", "300")
+    assert _wait_state(late, ("deadline",), timeout=20)["state"] == "deadline"
+    assert "max runtime reached" in (late / "node.log").read_text()
+
+
+def test_fresh_start_rotates_the_log(tmp_path):
+    d = tmp_path / "task"
+    _sup("start", "--dir", str(d), "--", "/bin/echo", "first")
+    _wait_state(d, ("succeeded",))
+    _sup("start", "--fresh", "--dir", str(d), "--", "/bin/echo", "second")
+    _wait_state(d, ("succeeded",))
+    assert "second" in (d / "node.log").read_text() and "first" not in (d / "node.log").read_text()
+    assert "first" in (d / "node.log.1").read_text()
