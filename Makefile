@@ -79,3 +79,7 @@ lint: $(BOOTSTRAP) ## ruff, terraform fmt, ansible-lint (offline)
 .PHONY: clean
 clean: $(BOOTSTRAP) ## Stop the local S3 store (its objects go with it); clusters must be down first
 	$(TFCLUSTER) store stop
+
+.PHONY: bench
+bench: $(BOOTSTRAP) ## Benchmark: phase times and cluster vs single-process examples/s (figures only)
+	$(VENV)/bin/python scripts/bench.py $(if $(STEPS),--steps $(STEPS))

@@ -30,3 +30,36 @@ def home(tmp_path: Path) -> Path:
 
 def needs_root():
     return pytest.mark.skipif(os.geteuid() != 0, reason="the local provider needs root (namespaces)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_store(tmp_path_factory):
+    """The tests' own local S3 store on a port of their own, stopped when the session ends."""
+    os.environ["TFCLUSTER_STORE_PORT"] = "9556"
+    if os.geteuid() != 0:
+        yield
+        return
+    from tfcluster import store
+
+    home = tmp_path_factory.mktemp("store-home")
+    saved = os.environ.get("TFCLUSTER_HOME")
+    os.environ["TFCLUSTER_HOME"] = str(home)
+    try:
+        started_here = not store.is_running()
+        store.ensure_running(log=lambda msg: None)
+    finally:
+        _restore("TFCLUSTER_HOME", saved)
+    yield
+    if started_here:
+        os.environ["TFCLUSTER_HOME"] = str(home)
+        try:
+            store.stop(log=lambda msg: None)
+        finally:
+            _restore("TFCLUSTER_HOME", saved)
+
+
+def _restore(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value

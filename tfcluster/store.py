@@ -117,8 +117,10 @@ def stop(log=print) -> None:
         while time.monotonic() < deadline and _answers(*store_addr()):
             time.sleep(0.1)
         pid_file.unlink()
-    if subprocess.run(["ip", "link", "show", STORE_IFACE], capture_output=True).returncode == 0:
-        subprocess.run(["ip", "link", "del", STORE_IFACE], capture_output=True)
+    ip, _ = store_addr()
+    others = subprocess.run(["ss", "-Hltn", "src", ip], capture_output=True, text=True).stdout.strip()
+    if not others and subprocess.run(["ip", "link", "show", STORE_IFACE], capture_output=True).returncode == 0:
+        subprocess.run(["ip", "link", "del", STORE_IFACE], capture_output=True)  # no other store uses it
 
 
 def endpoint_for(spec) -> str | None:
