@@ -26,15 +26,20 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> config.RunSpec:
     """Resolve the run's configuration from the file and the overrides; precedence: named option last."""
+    file_values = config.load_file(args.config)
     overrides: dict = {}
     for item in args.sets:
         key, value = config.parse_set(item)
-        overrides[key] = value
+        if key.startswith("provider_options."):
+            options = overrides.setdefault("provider_options", dict(file_values.get("provider_options") or {}))
+            options[key.split(".", 1)[1]] = value
+        else:
+            overrides[key] = value
     for flag, field in config.OVERRIDE_FLAGS.items():
         value = getattr(args, flag, None)
         if value not in (None, ""):
             overrides[field] = value
-    return config.resolve(config.load_file(args.config), overrides)
+    return config.resolve(file_values, overrides)
 
 
 def cluster_name(args: argparse.Namespace) -> str:

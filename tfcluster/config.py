@@ -190,6 +190,24 @@ def _cidr_list(field, value):
     return out
 
 
+def _options(field, value):
+    allowed = "a mapping of option names to strings, numbers or booleans (see the provider's README)"
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(field, value, allowed)
+    out = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,40}", key):
+            raise ConfigError(f"{field}.{key}", item, "option names of lowercase letters, digits and '_'")
+        if isinstance(item, bool):
+            item = "true" if item else "false"
+        if not isinstance(item, str | int | float) or "\n" in str(item):
+            raise ConfigError(f"{field}.{key}", item, "a single-line string, number or boolean")
+        out[key] = str(item)
+    return out
+
+
 def _node(count_lo: int, count_hi: int, count: int) -> dict:
     return {
         "count": Field(count, _int(count_lo, count_hi), "number of nodes of this role"),
@@ -203,6 +221,7 @@ SCHEMA: dict = {
     "cluster": Field("tfc", _cluster_name, "cluster name: host, bridge and resource names derive from it"),
     "provider": Field("local", _choice(*PROVIDERS), "where the nodes come from"),
     "strategy": Field("parameter_server", _choice(*STRATEGIES), "distribution strategy"),
+    "provider_options": Field({}, _options, "provider-specific settings (region, network, IM URL, ...)"),
     "nodes": {
         "ps": _node(0, 32, 1),
         "worker": _node(0, 64, 2),
@@ -307,6 +326,8 @@ def parse_set(item: str) -> tuple[str, Any]:
         raise ConfigError("--set", item, "KEY=VALUE with KEY a dotted field such as training.steps")
     key, raw = item.split("=", 1)
     key = key.strip()
+    if key.startswith("provider_options.") and len(key) > len("provider_options."):
+        return key, raw.strip()  # one option of the provider-specific mapping, kept as text
     if key not in FIELDS:
         raise ConfigError(key, raw, "a known field: " + ", ".join(sorted(FIELDS)))
     try:

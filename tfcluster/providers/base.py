@@ -59,12 +59,18 @@ class Provider(ABC):
     name: ClassVar[str] = ""
     #: features this provider cannot offer, with the reason a user sees
     unsupported: ClassVar[dict[str, str]] = {}
+    #: the keys this provider accepts in the configuration's provider_options, with their meaning
+    options: ClassVar[dict[str, str]] = {}
 
     def __init__(self, state: ClusterState):
         self.state = state
 
     def check(self, spec: RunSpec) -> None:
         """Refuse a spec this provider cannot serve, before anything is created."""
+        for key, value in spec.get("provider_options").items():
+            if key not in self.options:
+                allowed = ", ".join(sorted(self.options)) or "none"
+                raise ConfigError(f"provider_options.{key}", value, f"options of provider {self.name}: {allowed}")
         for role in ROLES:
             if spec.count(role) and spec.get(f"nodes.{role}.gpus") and "gpus" in self.unsupported:
                 raise ConfigError(f"nodes.{role}.gpus", spec.get(f"nodes.{role}.gpus"),
