@@ -134,7 +134,7 @@ def endpoint_for(spec) -> str | None:
 def process_env(spec) -> dict[str, str]:
     """Environment for processes that talk to the run's S3 (credentials only for the local store)."""
     env = {"AWS_DEFAULT_REGION": spec.get("storage.region")}
-    if spec.get("storage.endpoint") == "auto" and spec.provider == "local":
+    if endpoint_for(spec) == local_endpoint():
         env.update(credentials())
     return env
 
