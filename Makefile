@@ -36,12 +36,8 @@ bootstrap: $(BOOTSTRAP) ## Install apt packages and the controller venv (done au
 
 ##@ A run
 .PHONY: all
-all: $(BOOTSTRAP) ## up, train, down: down runs even when train fails (exit status is train's)
-	@status=0; \
-	$(MAKE) --no-print-directory up || status=$$?; \
-	if [ $$status -eq 0 ]; then $(MAKE) --no-print-directory train || status=$$?; fi; \
-	$(MAKE) --no-print-directory down || { [ $$status -ne 0 ] || status=$$?; }; \
-	exit $$status
+all: $(BOOTSTRAP) ## up, train, down: down runs after success, failure and Ctrl-C (exit status: the first failure)
+	$(TFCLUSTER) all $(CONFIG_ARGS) $(if $(FORCE),--force)
 
 .PHONY: validate
 validate: $(BOOTSTRAP) ## Check the configuration and print it with defaults filled in

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 from . import cluster, config, store
@@ -71,6 +72,35 @@ def cmd_down(args) -> int:
     return 0
 
 
+def cmd_all(args) -> int:
+    """up, train, down: down runs after success, failure and Ctrl-C (a second Ctrl-C is ignored)."""
+    from . import training
+
+    spec = spec_from_args(args)  # bad input stops here, before anything exists
+    status = 0
+    try:
+        cluster.up(spec)
+        training.train(spec)
+    except KeyboardInterrupt:
+        print("tfcluster: interrupted; tearing the cluster down", file=sys.stderr)
+        status = 130
+    except TfclusterError as exc:
+        print(f"tfcluster: error: {exc}", file=sys.stderr)
+        status = exc.exit_code
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        cluster.say("tearing down (Ctrl-C is ignored until this is done)")
+        training.down_guard(spec.cluster, args.force)
+        training.fetch_logs_before_down(spec.cluster)
+        cluster.down(spec.cluster, provider_name=spec.provider)
+    except TfclusterError as exc:
+        print(f"tfcluster: error: {exc}", file=sys.stderr)
+        status = status or exc.exit_code
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return status
+
+
 def cmd_configure(args) -> int:
     from . import training
 
@@ -125,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _config_args(add("validate", cmd_validate, "check the configuration and print it with defaults filled"))
     _config_args(add("up", cmd_up, "provision the cluster's nodes and check Ansible reaches them"))
+    p = add("all", cmd_all, "up, train, down; down runs even when train fails or is interrupted")
+    _config_args(p)
+    p.add_argument("--force", action="store_true", help="tear down even if a model not yet verified would be lost")
     _config_args(add("configure", cmd_configure, "configure every node (playbooks/site.yml; idempotent)"))
     p = add("train", cmd_train, "configure, train, publish the model to S3 and verify it")
     _config_args(p)

@@ -209,8 +209,11 @@ def node_up(p: dict) -> None:
     subprocess.run(inside + ["addr", "replace", f"{p['ip']}/{p['prefix_len']}", "dev", "eth0"],
                    check=True, capture_output=True)
     subprocess.run(inside + ["link", "set", "eth0", "up"], check=True, capture_output=True)
-    subprocess.run(inside + ["route", "replace", "default", "via", p["gateway_ip"]],
-                   check=True, capture_output=True)
+    # No default route: a node reaches its own subnet and, through the host, the local S3 store only.
+    # Nothing outside the bridge can get an answer from a node, whatever the host forwards.
+    if p.get("store_ip"):
+        subprocess.run(inside + ["route", "replace", f"{p['store_ip']}/32", "via", p["gateway_ip"]],
+                       check=True, capture_output=True)
     if fault == "fail":
         raise NodeError(f"node {name}: injected failure ({FAULT_ENV})")
 

@@ -133,8 +133,11 @@ def endpoint_for(spec) -> str | None:
 
 def process_env(spec) -> dict[str, str]:
     """Environment for processes that talk to the run's S3 (credentials only for the local store)."""
+    from urllib.parse import urlsplit
+
     env = {"AWS_DEFAULT_REGION": spec.get("storage.region")}
-    if endpoint_for(spec) == local_endpoint():
+    endpoint = endpoint_for(spec)
+    if endpoint and urlsplit(endpoint).hostname == store_addr()[0]:  # the local store, or a proxy beside it
         env.update(credentials())
     return env
 

@@ -89,13 +89,15 @@ class TerraformModule:
 
     def apply(self) -> None:
         self.init()
-        self._run("apply", self._tf.apply, skip_plan=True, input=False, capture_output=True)
+        self._run("apply", self._tf.apply, skip_plan=True, input=False, capture_output=True, lock_timeout="60s")
 
     def destroy(self) -> None:
         if not (self.work_dir / "main.tf.json").exists():
             return
         self.init()
-        self._run("destroy", self._tf.destroy, force=IsNotFlagged, auto_approve=True, input=False)
+        # an interrupted apply may still be shutting down: wait for its state lock instead of failing
+        self._run("destroy", self._tf.destroy, force=IsNotFlagged, auto_approve=True, input=False,
+                  lock_timeout="60s")
 
     def output(self, name: str):
         out = self._run("output", self._tf.output_cmd, name, json=IsFlagged)

@@ -390,6 +390,10 @@ def show_log(cluster: str, node_name: str, lines: int = 200) -> int:
         print(f"(node not reachable; fetched log {fetched})")
         sys.stdout.write("\n".join(fetched.read_text(errors="replace").splitlines()[-lines:]) + "\n")
         return 0
-    known = ", ".join(sorted(nodes)) or "none (cluster not up)"
-    raise TfclusterError(f"no log for node {node_name!r}; nodes: {known}")
+    if node_name in nodes:
+        raise TfclusterError(f"node {node_name} does not answer and no log of it was fetched")
+    from .errors import ConfigError
+
+    known = ", ".join(sorted(nodes)) or "none (the cluster is not up)"
+    raise ConfigError("node", node_name, f"a node of cluster {cluster}: {known}")
 

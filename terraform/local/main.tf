@@ -58,6 +58,7 @@ resource "terraform_data" "node" {
     node_dir       = "${local.state_dir}/nodes/${each.value.name}"
     ssh_public_key = var.ssh_public_key
     ssh_timeout    = lookup(var.provider_options, "ssh_timeout", "20")
+    store_ip       = lookup(var.provider_options, "store_ip", "")
   }
 
   provisioner "local-exec" {

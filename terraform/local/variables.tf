@@ -111,7 +111,7 @@ variable "max_runtime_minutes" {
 }
 
 variable "provider_options" {
-  description = "Provider-specific settings. Local: python (interpreter with tfcluster), state_dir, subnet (CIDR), ssh_timeout."
+  description = "Provider-specific settings. Local: python (interpreter with tfcluster), state_dir, subnet (CIDR), ssh_timeout, store_ip (the only address beyond the bridge a node can reach)."
   type        = map(string)
   default     = {}
 }

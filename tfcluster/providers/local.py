@@ -8,7 +8,7 @@ import subprocess
 import sys
 import zlib
 
-from .. import localnode
+from .. import localnode, store
 from ..config import RunSpec
 from ..errors import ConfigError
 from .base import TerraformProvider, register
@@ -63,6 +63,7 @@ class LocalProvider(TerraformProvider):
             "state_dir": str(self.state.dir),
             "subnet": subnet_for(spec),
             "ssh_timeout": str(min(spec.get("ssh.timeout_seconds"), 120)),
+            "store_ip": store.store_addr()[0],
         }
 
     def wheelhouse_host(self, spec: RunSpec) -> str | None:
