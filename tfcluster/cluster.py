@@ -139,7 +139,10 @@ def status(cluster: str, task_states=None) -> int:
     if run.exists():
         rec = json.loads(run.read_text())
         acc = f", test accuracy {rec['test_accuracy']:.4f}" if "test_accuracy" in rec else ""
-        print(f"run {rec.get('run_id')}: {rec.get('state')}{acc} ({rec.get('s3_prefix', '')})")
+        left = ""
+        if rec.get("state") == "started" and rec.get("deadline"):
+            left = f", {max(0, rec['deadline'] - time.time()) / 60:.1f} min left before the nodes stop it"
+        print(f"run {rec.get('run_id')}: {rec.get('state')}{acc}{left} ({rec.get('s3_prefix', '')})")
     return 0 if all(v == "ssh ok" for v in answers.values()) else 1
 
 

@@ -25,7 +25,7 @@ from .paths import TRAIN_DIR, ClusterState, artifacts_root
 from .providers.base import Node, read_nodes
 
 TASK_DIR = "/var/lib/tfcluster/task"
-OPEN_STATES = ("started", "unverified")
+OPEN_STATES = ("started", "unverified", "unpublished")
 
 
 # -- run record --------------------------------------------------------------------------------
@@ -151,6 +151,7 @@ def _run_settings(spec: RunSpec, run_id: str) -> dict:
         "learning_rate": spec.get("training.learning_rate"),
         "checkpoint_every": spec.get("training.checkpoint_every"),
         "max_runtime_s": spec.get("max_runtime_minutes") * 60,
+        "start_timeout_s": spec.get("training.start_timeout_seconds"),
         "s3": {
             "endpoint": store.endpoint_for(spec),
             "region": spec.get("storage.region"),
@@ -235,7 +236,7 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
         return verify(spec, run)
     if configure_first:
         configure(spec)
-    resume = run.get("state") in ("started", "interrupted", "failed")
+    resume = run.get("state") in ("started", "interrupted", "failed", "unpublished")
     run_id = run["run_id"] if resume else new_run_id()
     settings = _run_settings(spec, run_id)
     s3 = store.client(spec)
@@ -253,7 +254,10 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
     say(("resuming" if resume else "starting") + f" run {run_id}: {settings['steps']} steps on "
         f"{spec.count('worker')} workers, {spec.count('ps')} ps; model → {run['s3_prefix']}")
     deadline = time.time() + settings["max_runtime_s"]
-    extra = _extra_vars(state, "train-vars.json", {"tf_node_run": settings, "tf_node_deadline": deadline})
+    run["deadline"] = deadline
+    write_run(state, run)
+    extra = _extra_vars(state, "train-vars.json", {"tf_node_run": settings, "tf_node_deadline": deadline,
+                                                   "tf_node_max_restarts": spec.get("training.max_restarts")})
     chief = next(n for n in nodes if n.role == "chief")
     try:
         with phase("start parameter servers, workers and the chief (playbooks/train.yml)"):
@@ -276,6 +280,16 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
         raise
     sup = final.get("supervisor", {})
     logs = _finish(spec, state, nodes, run_id, stop_chief=False)
+    held = final.get("unpublished") or {}
+    if sup.get("state") != "succeeded" and held.get("run_id") == run_id:
+        run.update(state="unpublished", held_on=chief.name, held_step=held.get("step"),
+                   held_reason=held.get("reason"), held_path=held.get("checkpoints"))
+        write_run(state, run)
+        raise TfclusterError(
+            f"training reached step {held.get('step')} but the result could not be stored in S3 "
+            f"({held.get('reason')}); it is kept on {chief.name} in {held.get('checkpoints')}. "
+            f"'make down' will refuse to destroy it: fix the storage and run 'make train' to publish it "
+            f"(it resumes from that checkpoint), or 'make down FORCE=1' to give it up")
     if sup.get("state") != "succeeded":
         run["state"] = "failed"
         write_run(state, run)
@@ -338,6 +352,10 @@ def down_guard(cluster: str, force: bool) -> None:
     if run["state"] == "unverified":
         why = (f"run {run['run_id']} published a model to {run['s3_prefix']} that has not been verified; "
                f"run 'make train CLUSTER={cluster}' to verify it")
+    elif run["state"] == "unpublished":
+        why = (f"run {run['run_id']} trained to step {run.get('held_step')} but could not store it in S3 "
+               f"({run.get('held_reason')}); the only copy is on {run.get('held_on')} in "
+               f"{run.get('held_path')}; fix the storage and run 'make train CLUSTER={cluster}' to publish it")
     else:
         why = (f"run {run['run_id']} is still marked as training (the controller may have been stopped); "
                f"'make status CLUSTER={cluster}' shows the nodes")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from tests.conftest import run_cli
@@ -115,14 +113,13 @@ CLI_BAD = [
 
 @pytest.mark.parametrize("args,field,value", CLI_BAD, ids=[" ".join(a[0]) for a in CLI_BAD])
 def test_cli_up_refuses_bad_input_with_status_2_and_creates_nothing(home, args, field, value):
-    before = set(_netns()) | set(_links())
     res = run_cli("up", "--cluster", "tfct-cfg", *args, home=home, timeout=60)
     assert res.returncode == 2, res.stderr + res.stdout
     err = res.stderr.strip().splitlines()
     assert len(err) == 1, res.stderr   # one message, no traceback
     assert f"{field}:" in err[0] and value in err[0] and "allowed:" in err[0], err[0]
     assert list(home.iterdir()) == []
-    assert set(_netns()) | set(_links()) == before
+    assert _cluster_traces("tfct-cfg") == [] and _cluster_traces(args[-1]) == []
 
 
 def test_cli_missing_config_file(home):
@@ -139,11 +136,10 @@ def test_validate_prints_resolved_config(home):
     assert "configuration is valid" in res.stderr
 
 
-def _netns():
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
+def _cluster_traces(cluster: str) -> list[str]:
+    """Namespaces, bridge and veths a cluster of this name would have (other tests may run beside)."""
+    from tfcluster import localnode
 
-
-def _links():
-    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    return [line.split(":")[1].strip() for line in out.splitlines()]
+    found = [ns for ns in localnode.list_netns() if ns.startswith(f"tfc_{cluster}_")]
+    found += localnode.list_links(localnode.bridge_name(cluster)) + localnode.list_links(localnode.veth_prefix(cluster))
+    return found

@@ -12,6 +12,7 @@ once ``max_runtime_s`` has passed, whatever it is blocked on.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -56,6 +57,64 @@ class ChiefState:
 
 def log(msg: str) -> None:
     print(msg, flush=True)
+
+
+UNPUBLISHED = "unpublished.json"
+
+
+def mark_unpublished(settings: Settings, step: int, reason: str) -> None:
+    """Record that this node holds training state S3 does not have (``down`` must not destroy it)."""
+    path = Path(settings.state_dir) / UNPUBLISHED
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"run_id": settings.run_id, "step": step, "reason": reason,
+                               "checkpoints": str(Path(settings.state_dir) / "checkpoints" / settings.run_id)}))
+    os.replace(tmp, path)
+
+
+def clear_unpublished(settings: Settings) -> None:
+    (Path(settings.state_dir) / UNPUBLISHED).unlink(missing_ok=True)
+
+
+class PeerMonitor:
+    """Probes every ps and worker once a second during training; counts losses and rejoins.
+
+    The ClusterCoordinator carries on without a lost worker and takes it back when it returns; this
+    makes that visible (log lines, and ``peer_failures``/``peer_rejoins`` in the published metrics).
+    """
+
+    def __init__(self, peers: list[tuple[str, str]], interval_s: float = 1.0):
+        self.peers = peers
+        self.interval_s = interval_s
+        self.up = {name: True for name, _ in peers}
+        self.failures: dict[str, int] = {}
+        self.rejoins: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="peer-monitor")
+
+    def start(self) -> PeerMonitor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for name, address in self.peers:
+                try:
+                    with socket.create_connection(_host_port(address), timeout=1):
+                        alive = True
+                except OSError:
+                    alive = False
+                if alive != self.up[name]:
+                    self.up[name] = alive
+                    if alive:
+                        self.rejoins[name] = self.rejoins.get(name, 0) + 1
+                        log(f"peer {name} ({address}) is back")
+                    else:
+                        self.failures[name] = self.failures.get(name, 0) + 1
+                        log(f"peer {name} ({address}) lost; training continues with the others")
 
 
 def start_watchdog(state: ChiefState, max_runtime_s: float) -> threading.Timer:
@@ -153,7 +212,8 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
     example_shape = tuple(int(d) for d in x_test.shape[1:])
 
     # Leave the watchdog a little time so that an absent peer ends in an error naming it, not a timeout.
-    wait_for_peers(settings.peers(), max(1.0, settings.max_runtime_s - (time.monotonic() - started) - 2))
+    remaining = max(1.0, settings.max_runtime_s - (time.monotonic() - started) - 2)
+    wait_for_peers(settings.peers(), min(remaining, settings.start_timeout_s or remaining))
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
@@ -165,17 +225,24 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
 
     # Checkpoint I/O happens on the chief: by default each ps would write its variables to its own disk.
     io_options = tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
-    ckpt_dir = Path(settings.state_dir) / "checkpoints"
-    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    # Per run, and kept across restarts of this chief: a checkpoint S3 could not take is not lost.
+    ckpt_dir = Path(settings.state_dir) / "checkpoints" / settings.run_id
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
     manager = tf.train.CheckpointManager(ckpt, str(ckpt_dir), max_to_keep=checkpoints.KEEP,
                                          checkpoint_name=checkpoints.PREFIX)
     restored_from = 0
-    latest = checkpoints.download_latest(client, s3.bucket, s3.checkpoint_prefix, ckpt_dir)
-    if latest:
-        ckpt.restore(str(latest[1]), options=io_options).assert_existing_objects_matched()
+    local_step = int(manager.latest_checkpoint.rsplit("-", 1)[1]) if manager.latest_checkpoint else 0
+    s3_steps = checkpoints.saved_steps(client, s3.bucket, s3.checkpoint_prefix)
+    if local_step and local_step > (s3_steps[-1] if s3_steps else 0):
+        ckpt.restore(manager.latest_checkpoint, options=io_options).assert_existing_objects_matched()
         restored_from = int(step_var.numpy())
-        log(f"resumed from checkpoint at step {restored_from}")
+        log(f"resumed from checkpoint at step {restored_from} (local, newer than S3)")
+    else:
+        latest = checkpoints.download_latest(client, s3.bucket, s3.checkpoint_prefix, ckpt_dir)
+        if latest:
+            ckpt.restore(str(latest[1]), options=io_options).assert_existing_objects_matched()
+            restored_from = int(step_var.numpy())
+            log(f"resumed from checkpoint at step {restored_from}")
     if restored_from > settings.steps:
         raise HarnessError(f"checkpoint step {restored_from} is beyond steps={settings.steps}")
 
@@ -202,7 +269,11 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
     def save_checkpoint(step: int) -> None:
         step_var.assign(step)
         manager.save(checkpoint_number=step, options=io_options)
-        checkpoints.upload(client, s3.bucket, s3.checkpoint_prefix, ckpt_dir, step)
+        try:
+            checkpoints.upload(client, s3.bucket, s3.checkpoint_prefix, ckpt_dir, step)
+        except Exception as exc:
+            mark_unpublished(settings, step, f"checkpoint upload failed: {exc}")
+            raise
         log(f"checkpoint saved at step {step}")
 
     step = state.step = restored_from
@@ -211,6 +282,7 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
     log(f"training {settings.steps - step} steps on {settings.num_workers} workers "
         f"(batch {settings.batch_size}, learning rate {settings.learning_rate})")
     chunk = 10
+    monitor = PeerMonitor(settings.peers()).start()
     while step < settings.steps:
         boundary = min(settings.steps, (step // settings.checkpoint_every + 1) * settings.checkpoint_every)
         n = max(1, min(chunk, boundary - step))
@@ -228,6 +300,7 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
         if step == boundary:
             save_checkpoint(step)
     train_seconds = progress.elapsed()
+    monitor.stop()
 
     state.report("evaluating")
     local_model = _build(spec, example_shape)   # outside the scope: variables on the chief
@@ -250,10 +323,17 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
         "train_seconds": round(train_seconds, 3),
         "workers": settings.num_workers,
         "restored_from_step": restored_from,
+        "peer_failures": monitor.failures,
+        "peer_rejoins": monitor.rejoins,
     }
-    publish.publish_run(client, s3.bucket, s3.run_prefix, model_dir, run_metrics,
-                        run_id=settings.run_id, cluster=settings.cluster,
-                        dataset_prefix=s3.dataset_prefix, log=log)
+    try:
+        publish.publish_run(client, s3.bucket, s3.run_prefix, model_dir, run_metrics,
+                            run_id=settings.run_id, cluster=settings.cluster,
+                            dataset_prefix=s3.dataset_prefix, log=log)
+    except Exception as exc:
+        mark_unpublished(settings, settings.steps, f"publishing failed: {exc}")
+        raise
+    clear_unpublished(settings)
     state.report("done", accuracy=metrics["test_accuracy"])
     log("chief: done")
     return 0

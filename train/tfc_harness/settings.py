@@ -41,6 +41,8 @@ SETTINGS_KEYS = frozenset({
     "cluster", "run_id", "role", "index", "tf_config", "model_module", "steps", "batch_size",
     "learning_rate", "checkpoint_every", "s3", "state_dir", "max_runtime_s",
 })
+# Optional keys: start_timeout_s (how long the chief waits for every ps and worker; default max_runtime_s).
+OPTIONAL_KEYS = frozenset({"start_timeout_s"})
 S3_KEYS = frozenset({"endpoint", "region", "bucket", "run_prefix", "checkpoint_prefix", "dataset_prefix"})
 
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
@@ -79,6 +81,7 @@ class Settings:
     s3: S3Location
     state_dir: str
     max_runtime_s: int
+    start_timeout_s: int = 0  # 0: max_runtime_s
 
     @property
     def cluster_spec(self) -> dict[str, list[str]]:
@@ -122,11 +125,11 @@ def _str(d: dict, key: str, path: str = "", allow_empty: bool = False) -> str:
     return value
 
 
-def _check_keys(d: Any, expected: frozenset, where: str) -> None:
+def _check_keys(d: Any, expected: frozenset, where: str, optional: frozenset = frozenset()) -> None:
     if not isinstance(d, dict):
         raise SettingsError(f"{where} must be a dict (got {type(d).__name__})")
     missing = sorted(expected - d.keys())
-    unknown = sorted(set(d) - expected)
+    unknown = sorted(set(d) - expected - optional)
     if missing or unknown:
         raise SettingsError(f"{where}: missing keys {missing}, unknown keys {unknown}; "
                             f"expected exactly {sorted(expected)}")
@@ -171,7 +174,7 @@ def _tf_config(value: Any, role: str, index: int) -> dict:
 
 def validate(raw: Any) -> Settings:
     """Check a settings dict and return it as :class:`Settings` (raises :class:`SettingsError`)."""
-    _check_keys(raw, SETTINGS_KEYS, "settings")
+    _check_keys(raw, SETTINGS_KEYS, "settings", OPTIONAL_KEYS)
     role = raw["role"]
     if role not in ROLES:
         raise _fail("role", f"must be one of {list(ROLES)}", role)
@@ -207,4 +210,5 @@ def validate(raw: Any) -> Settings:
         s3=location,
         state_dir=_str(raw, "state_dir"),
         max_runtime_s=_int(raw, "max_runtime_s", 1),
+        start_timeout_s=_int(raw, "start_timeout_s", 1) if "start_timeout_s" in raw else 0,
     )
