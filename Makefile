@@ -79,3 +79,7 @@ clean: $(BOOTSTRAP) ## Stop the local S3 store (its objects go with it); cluster
 .PHONY: bench
 bench: $(BOOTSTRAP) ## Benchmark: phase times and cluster vs single-process examples/s (figures only)
 	$(VENV)/bin/python scripts/bench.py $(if $(STEPS),--steps $(STEPS))
+
+.PHONY: reliability
+reliability: $(BOOTSTRAP) ## Fault scenarios on a local cluster, with a report of each outcome and its time
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/reliability

@@ -1,0 +1,299 @@
+"""Faults injected into real local runs: lost workers, chiefs and ps, cut links, a node that never
+comes up, S3 errors, Ctrl-C; plus the canary secret and the exposure of node ports.
+
+One configured cluster serves the module (configuring is the slow part). Its S3 credentials are a
+canary: after the runs, the canary must appear only in the two 0600 files meant to hold it. Every wait
+is bounded; the module's teardown removes the cluster even when a scenario fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PYTHON, REPO, needs_root
+from tests.integration.helpers import force_down, leftovers, make, ssh
+from tests.reliability.s3proxy import FaultProxy
+from tfcluster import localnode, store
+
+pytestmark = [pytest.mark.e2e, needs_root()]
+CLUSTER = "tfct-rel"
+CANARY_KEY = "tfcCANARYKEY0000"
+CANARY_SECRET = "CanarySecret-7b1e0f-do-not-leak"
+TASK = "/var/lib/tfcluster/task"
+STEPS = 1600
+ARGS = ["--set", "training.checkpoint_every=200", "--steps", str(STEPS)]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    h = tmp_path_factory.mktemp("rel") / "state"
+    (h / "_store").mkdir(parents=True)
+    creds = h / "_store" / "credentials.env"
+    creds.write_text(f"AWS_ACCESS_KEY_ID={CANARY_KEY}\nAWS_SECRET_ACCESS_KEY={CANARY_SECRET}\n")
+    creds.chmod(0o600)
+    yield h
+    force_down(h, CLUSTER)
+    assert leftovers(h, CLUSTER) == []
+
+
+@pytest.fixture(scope="module")
+def env(home, tmp_path_factory):
+    return dict(os.environ, TFCLUSTER_HOME=str(home), PYTHONUNBUFFERED="1",
+                TFCLUSTER_ARTIFACTS=str(tmp_path_factory.mktemp("rel-artifacts")))
+
+
+@pytest.fixture(scope="module")
+def cluster(home, env):
+    res = make("up", home, CLUSTER=CLUSTER, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = subprocess.run([PYTHON, "-m", "tfcluster", "configure", "--cluster", CLUSTER], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr
+    return {n["name"]: n for n in json.loads((home / CLUSTER / "nodes.json").read_text())}
+
+
+class Train:
+    """`tfcluster train` in the background, with its output in a file."""
+
+    def __init__(self, env, *extra):
+        self.out = Path(env["TFCLUSTER_HOME"]) / f"train-{time.monotonic_ns()}.log"
+        self.proc = subprocess.Popen([PYTHON, "-m", "tfcluster", "train", "--skip-configure", "--cluster", CLUSTER,
+                                      *ARGS, *extra], cwd=REPO, env=env, stdout=open(self.out, "w"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.args = self.proc.args
+
+    def wait(self, timeout=600) -> tuple[int, str]:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.returncode, self.out.read_text()
+
+    def text(self) -> str:
+        return self.out.read_text()
+
+
+def chief_status(home, nodes) -> dict:
+    res = ssh(home, CLUSTER, nodes[f"{CLUSTER}-chief-0"]["private_ip"], f"cat {TASK}/status.json", timeout=15)
+    try:
+        return json.loads(res.stdout)
+    except ValueError:
+        return {}
+
+
+def wait_for_step(home, nodes, train: Train, step: int, timeout=300) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = chief_status(home, nodes)
+        if st.get("phase") == "training" and st.get("step", 0) >= step:
+            return st["step"]
+        assert train.proc.poll() is None, train.text()[-3000:]
+        time.sleep(0.3)
+    raise AssertionError(f"the chief never reached step {step}: {chief_status(home, nodes)}")
+
+
+def kill_task(home, nodes, node: str) -> None:
+    """SIGKILL the node's TensorFlow process (its supervisor stays and restarts it)."""
+    cmd = ("python3 -c \"import json,os,signal; os.kill(json.load(open('" + TASK +
+           "/supervisor.json'))['child_pid'], signal.SIGKILL)\"")
+    res = ssh(home, CLUSTER, nodes[f"{CLUSTER}-{node}"]["private_ip"], cmd)
+    assert res.returncode == 0, res.stderr
+
+
+def run_record(home) -> dict:
+    return json.loads((home / CLUSTER / "run.json").read_text())
+
+
+def accuracy(out: str) -> float:
+    return float(re.search(r"^test accuracy: ([0-9.]+)$", out, re.M).group(1))
+
+
+def chief_log(home) -> str:
+    run = run_record(home)
+    return (home / CLUSTER / "logs" / run["run_id"] / f"{CLUSTER}-chief-0" / "node.log").read_text()
+
+
+def test_worker_killed_at_30_percent(home, env, cluster):
+    """Kill a worker at ~30%: the run completes, accuracy >= 0.90, the metrics record the loss and rejoin."""
+    train = Train(env)
+    wait_for_step(home, cluster, train, int(STEPS * 0.3))
+    kill_task(home, cluster, "worker-0")
+    code, out = train.wait()
+    assert code == 0, out[-4000:]
+    assert accuracy(out) >= 0.90
+    metrics = run_record(home)["metrics"]
+    assert metrics["peer_failures"].get("worker/0", 0) >= 1, metrics
+    assert metrics["peer_rejoins"].get("worker/0", 0) >= 1, metrics
+
+
+def test_worker_link_cut_for_20s(home, env, cluster):
+    """Cut a worker's link for 20 s mid-run: the run completes."""
+    train = Train(env)
+    wait_for_step(home, cluster, train, int(STEPS * 0.2))
+    veth = localnode.veth_name(CLUSTER, 2)  # worker-1: ps-0, worker-0, worker-1, chief-0
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+    try:
+        time.sleep(20)
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    code, out = train.wait()
+    assert code == 0, out[-4000:]
+    assert accuracy(out) >= 0.90
+
+
+def test_chief_killed_resumes_from_checkpoint(home, env, cluster):
+    """Kill the chief at ~50%: it is restarted and resumes at the checkpointed step, not 0."""
+    train = Train(env)
+    at = wait_for_step(home, cluster, train, int(STEPS * 0.5))
+    kill_task(home, cluster, "chief-0")
+    code, out = train.wait()
+    assert code == 0, out[-4000:]
+    resumed = [int(s) for s in re.findall(r"resumed from checkpoint at step (\d+)", chief_log(home))]
+    assert resumed, chief_log(home)[-3000:]
+    assert 0 < resumed[-1] <= at + 200 and resumed[-1] % 200 == 0, (resumed, at)
+    assert run_record(home)["metrics"]["restored_from_step"] == resumed[-1]
+    assert "restarts 1" in out or re.search(r"restarts 1\b", out), out[-3000:]
+
+
+def test_ps_killed_recovers_or_resumes(home, env, cluster):
+    """Kill the ps at ~50%: the run recovers, or fails clearly and the next train resumes."""
+    train = Train(env)
+    wait_for_step(home, cluster, train, int(STEPS * 0.5))
+    kill_task(home, cluster, "ps-0")
+    code, out = train.wait()
+    if code != 0:
+        assert "training failed" in out, out[-3000:]
+        code, out = Train(env).wait()
+        assert code == 0, out[-4000:]
+    assert accuracy(out) >= 0.90
+    resumed = [int(s) for s in re.findall(r"resumed from checkpoint at step (\d+)", chief_log(home))]
+    assert resumed and resumed[-1] > 0, chief_log(home)[-3000:]
+
+
+def test_worker_that_never_starts_fails_the_run_naming_it(home, env, cluster):
+    """A worker whose task never comes up: the run fails within the start timeout, naming it."""
+    train = Train(env, "--set", "training.start_timeout_seconds=15", "--set", "training.max_restarts=0")
+    worker = cluster[f"{CLUSTER}-worker-1"]["private_ip"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:   # stop its task as soon as it exists, before its server listens
+        if ssh(home, CLUSTER, worker, f"/usr/local/bin/tfc-supervise stop --dir {TASK}").stdout.startswith(
+                ("stopped", "killed")):
+            break
+        time.sleep(0.2)
+    start = time.monotonic()
+    code, out = train.wait(timeout=300)
+    assert code == 1, out[-3000:]
+    assert "training failed" in out and f"worker/1 ({worker}:2222)" in out, out[-3000:]
+    assert time.monotonic() - start < 120
+
+
+def test_s3_faults_model_still_published(home, env, cluster):
+    """S3 behind a proxy failing 15% of requests and delaying 30%: the model is published and verified."""
+    ip, port = store.store_addr()
+    with FaultProxy(ip, (ip, port), fail_rate=0.15, delay_rate=0.3) as proxy:
+        code, out = Train(env, "--set", f"storage.endpoint={proxy.url}").wait()
+    assert code == 0, out[-4000:]
+    assert accuracy(out) >= 0.90 and run_record(home)["state"] == "verified"
+    assert proxy.counts["failed"] > 0 and proxy.counts["delayed"] > 0, proxy.counts
+
+
+def test_s3_down_down_refuses_then_retry_publishes(home, env, cluster):
+    """S3 fails everything from mid-run: down refuses and keeps the cluster; with S3 back, train publishes."""
+    ip, port = store.store_addr()
+    with FaultProxy(ip, (ip, port)) as proxy:
+        url = proxy.url
+        train = Train(env, "--set", f"storage.endpoint={url}", "--set", "training.max_restarts=1")
+        wait_for_step(home, cluster, train, int(STEPS * 0.6))
+        proxy.fail_all = True
+        code, out = train.wait()
+    assert code == 1 and "could not be stored in S3" in out, out[-4000:]
+    assert run_record(home)["state"] == "unpublished"
+    res = make("down", home, CLUSTER=CLUSTER)
+    assert res.returncode != 0 and "refusing to destroy" in res.stderr, res.stdout + res.stderr
+    assert leftovers(home, CLUSTER), "the guard must keep the cluster"
+    code, out = Train(env).wait()   # storage healthy again: the kept checkpoint is resumed and published
+    assert code == 0, out[-4000:]
+    assert run_record(home)["state"] == "verified"
+    assert re.search(r"resumed from checkpoint at step \d+ \(local, newer than S3\)", chief_log(home))
+
+
+def test_node_ports_unreachable_from_outside_the_bridge(home, cluster):
+    """No node port (sshd, gRPC) answers from a namespace outside the cluster's bridge, even with forwarding on."""
+    node_ip = cluster[f"{CLUSTER}-worker-0"]["private_ip"]
+    ns, veth = "tfct_outsider", "tfctout0"
+    forward = Path("/proc/sys/net/ipv4/ip_forward")
+    saved = forward.read_text()
+    try:
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        subprocess.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", veth + "p"], check=True)
+        subprocess.run(["ip", "link", "set", veth + "p", "netns", ns], check=True)
+        subprocess.run(["ip", "addr", "add", "10.231.254.1/30", "dev", veth], check=True)
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+        for cmd in (["addr", "add", "10.231.254.2/30", "dev", veth + "p"], ["link", "set", veth + "p", "up"],
+                    ["route", "add", "default", "via", "10.231.254.1"]):
+            subprocess.run(["ip", "-n", ns, *cmd], check=True)
+        forward.write_text("1\n")
+        probe = ("import socket,sys\nfor port in (22, 2222):\n    try:\n"
+                 f"        socket.create_connection(('{node_ip}', port), timeout=3); print('open', port)\n"
+                 "    except OSError as e:\n        print('closed', port, e)\n")
+        res = subprocess.run(["ip", "netns", "exec", ns, PYTHON, "-c", probe], capture_output=True, text=True,
+                             timeout=30)
+        assert "open" not in res.stdout and res.stdout.count("closed") == 2, res.stdout + res.stderr
+    finally:
+        forward.write_text(saved)
+        subprocess.run(["ip", "link", "del", veth], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    inside = ssh(home, CLUSTER, cluster[f"{CLUSTER}-chief-0"]["private_ip"],
+                 f"python3 -c \"import socket; socket.create_connection(('{node_ip}', 22), timeout=3); print('ok')\"")
+    assert inside.stdout.strip() == "ok", "cluster members must still reach each other"
+
+
+def test_canary_secret_appears_nowhere_else(home, env, cluster):
+    """The S3 credential appears only in its two 0600 files: not in rendered files, logs, state or argv."""
+    allowed = {home / "_store" / "credentials.env"}
+    hits = []
+    roots = [home, Path(env["TFCLUSTER_ARTIFACTS"])]
+    for root in roots:
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink() and path not in allowed:
+                if "/upper/etc/tfcluster/task.env" in str(path):
+                    assert oct(path.stat().st_mode & 0o777) == "0o600", path
+                    continue
+                try:
+                    data = path.read_bytes()
+                except OSError:
+                    continue
+                if CANARY_SECRET.encode() in data or CANARY_KEY.encode() in data:
+                    hits.append(str(path))
+    assert hits == [], hits
+    for proc in Path("/proc").iterdir():   # no process carries it on its command line
+        if proc.name.isdigit():
+            try:
+                assert CANARY_SECRET.encode() not in (proc / "cmdline").read_bytes(), proc
+            except OSError:
+                continue
+    assert oct((home / "_store" / "credentials.env").stat().st_mode & 0o777) == "0o600"
+    assert oct((home / CLUSTER / "ssh" / "id_ed25519").stat().st_mode & 0o777) == "0o600"
+
+
+def test_ctrl_c_during_train_then_down_leaves_nothing(home, env, cluster):
+    """Ctrl-C during train, then down: the tasks stop, logs are fetched, nothing of the cluster remains."""
+    train = Train(env)
+    wait_for_step(home, cluster, train, int(STEPS * 0.3))
+    os.killpg(train.proc.pid, signal.SIGINT)
+    code, out = train.wait(timeout=180)
+    assert code == 130, out[-3000:]
+    assert run_record(home)["state"] == "interrupted"
+    res = make("down", home, CLUSTER=CLUSTER)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert leftovers(home, CLUSTER) == []
+    assert (home / CLUSTER / "logs" / run_record(home)["run_id"] / f"{CLUSTER}-chief-0" / "node.log").exists()

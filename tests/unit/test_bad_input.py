@@ -1,0 +1,76 @@
+"""Every user-facing input refused before anything is created: exit status 2, the field named."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.unit.test_config import _cluster_traces
+
+# (id, file text or None, CLI arguments after `up`, text that must name the field)
+CASES = [
+    ("file: negative workers", "nodes:\n  worker:\n    count: -2\n", [], "nodes.worker.count"),
+    ("file: unknown top key", "nodez: {}\n", [], "nodez"),
+    ("file: unknown training key", "training:\n  epochs: 3\n", [], "training.epochs"),
+    ("file: steps a word", "training:\n  steps: lots\n", [], "training.steps"),
+    ("file: bucket uppercase", "storage:\n  bucket: MyBucket\n", [], "storage.bucket"),
+    ("file: list at top", "- 1\n", [], "config file"),
+    ("file: broken YAML", "nodes: [\n", [], "config file"),
+    ("file: provider_options not a map", "provider_options: 3\n", [], "provider_options"),
+    ("file: bad option name", "provider_options:\n  Bad-Key: 1\n", [], "provider_options.Bad-Key"),
+    ("file: prefix with ..", "storage:\n  prefix: a/../b\n", [], "storage.prefix"),
+    ("file: region malformed", "storage:\n  region: moon\n", [], "storage.region"),
+    ("file: tf version", "tensorflow:\n  version: '2.x'\n", [], "tensorflow.version"),
+    ("override: workers -1", None, ["--workers", "-1"], "nodes.worker.count"),
+    ("override: ps 0", None, ["--ps", "0"], "nodes.ps.count"),
+    ("override: steps 1.5", None, ["--steps", "1.5"], "training.steps"),
+    ("override: unknown provider", None, ["--provider", "azure"], "provider"),
+    ("override: cluster with dots", None, ["--cluster", "a.b"], "cluster"),
+    ("override: --set unknown", None, ["--set", "training.epoch=1"], "training.epoch"),
+    ("override: --set without =", None, ["--set", "training.steps"], "--set"),
+    ("override: lr zero", None, ["--set", "training.learning_rate=0"], "training.learning_rate"),
+    ("override: restarts negative", None, ["--set", "training.max_restarts=-1"], "training.max_restarts"),
+    ("override: start timeout tiny", None, ["--set", "training.start_timeout_seconds=1"],
+     "training.start_timeout_seconds"),
+    ("override: endpoint not http", None, ["--set", "storage.endpoint=s3://x"], "storage.endpoint"),
+    ("override: subnet too big", None, ["--set", "network.subnet=10.0.0.0/8"], "network.subnet"),
+    ("override: ssh user", None, ["--set", "ssh.user=Root!"], "ssh.user"),
+    ("model: missing file", None, ["--set", "training.model=/nope/model.py"], "training.model"),
+    ("model: unknown bundled", None, ["--set", "training.model=alexnet"], "training.model"),
+    ("model: bad file name", None, ["--set", "training.model=__FILE__"], "training.model"),
+    ("provider option unknown to local", None, ["--set", "provider_options.region=x"],
+     "provider_options.region"),
+    ("gpus on local", None, ["--set", "nodes.chief.gpus=1"], "nodes.chief.gpus"),
+]
+
+
+@pytest.mark.parametrize("case_id,text,args,field", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_exits_2_naming_the_field_and_creates_nothing(home, tmp_path, case_id, text, args, field):
+    if text is not None:
+        cfg = tmp_path / "cluster.yml"
+        cfg.write_text(text)
+        args = ["-c", str(cfg), *args]
+    if "__FILE__" in " ".join(args):
+        bad = tmp_path / "my-model.v2.py"
+        bad.write_text("def build_model():\n    pass\n")
+        args = [a.replace("__FILE__", str(bad)) for a in args]
+    res = run_cli("up", "--cluster", "tfct-bad", *args, home=home, timeout=60) if "--cluster" not in args \
+        else run_cli("up", *args, home=home, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0] and "allowed" in lines[0], res.stderr
+    assert list(home.iterdir()) == []
+    assert _cluster_traces("tfct-bad") == []
+
+
+def test_cli_usage_errors_exit_2(home):
+    for args in (["up", "--no-such-flag"], ["frobnicate"], ["logs", "--lines", "many", "x"]):
+        res = run_cli(*args, home=home, timeout=60)
+        assert res.returncode == 2, (args, res.stderr)
+    res = run_cli("logs", "--cluster", "tfct-bad", "nosuch-node", home=home, timeout=60)
+    assert res.returncode == 2 and "node" in res.stderr and "nosuch-node" in res.stderr, res.stderr
+    assert list(home.iterdir()) == []
+
+
+def test_case_table_is_large_enough():
+    assert len(CASES) >= 25
