@@ -114,16 +114,14 @@ def configure(spec: RunSpec) -> None:
 
     state = ClusterState(spec.cluster)
     nodes = _nodes_or_fail(state)
-    gpus = max(n.gpus for n in nodes)
-    package = wheelhouse.package_for(gpus)
     with phase("prepare the wheelhouse"):
-        wheels = wheelhouse.ensure(spec.get("tensorflow.version"), package, log=say)
+        wheels = wheelhouse.ensure(spec.get("tensorflow.version"), wheelhouse.packages_for([n.gpus for n in nodes]),
+                                   log=say)
     model = spec.get("training.model")
     bundle, bundle_id = wheelhouse.harness_bundle(TRAIN_DIR, state.dir / "vars",
                                                   model if model.endswith(".py") else "")
     variables = {
         "tensorflow_version": spec.get("tensorflow.version"),
-        "tensorflow_package": package,
         "tensorflow_wheelhouse_src": str(wheels),
         "tf_node_train_src": str(TRAIN_DIR),
         "tf_node_bundle": str(bundle),

@@ -26,27 +26,36 @@ EXTRA_PACKAGES = ("boto3",)
 
 
 def package_for(gpus: int) -> str:
-    return "tensorflow" if gpus else "tensorflow-cpu"
+    """The TensorFlow pip package of a node: CUDA and cuDNN come as wheels with tensorflow[and-cuda]."""
+    return "tensorflow[and-cuda]" if gpus else "tensorflow-cpu"
 
 
-def path_for(version: str, package: str = "tensorflow-cpu") -> Path:
-    return state_root() / "_wheelhouse" / f"{package}-{version}-py{sys.version_info.major}{sys.version_info.minor}"
+def packages_for(gpus: list[int]) -> list[str]:
+    """The TensorFlow packages a cluster's nodes install (the tensorflow role picks one per node)."""
+    return sorted({package_for(g) for g in gpus})
 
 
-def ensure(version: str, package: str = "tensorflow-cpu", log=print) -> Path:
+def path_for(version: str, packages: list[str]) -> Path:
+    kind = "+".join("gpu" if "cuda" in p else "cpu" for p in packages)
+    return state_root() / "_wheelhouse" / f"tf-{version}-{kind}-py{sys.version_info.major}{sys.version_info.minor}"
+
+
+def ensure(version: str, packages: list[str] = ("tensorflow-cpu",), log=print) -> Path:
     """Download the wheels unless a complete wheelhouse is there already; return its directory."""
-    target = path_for(version, package)
+    packages = list(packages)
+    target = path_for(version, packages)
     marker = target / ".complete"
     if marker.exists():
         return target
     target.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {package}=={version} and {', '.join(EXTRA_PACKAGES)} into {target} (once)")
+    wanted = [f"{p}=={version}" for p in packages]
+    log(f"downloading {', '.join(wanted)} and {', '.join(EXTRA_PACKAGES)} into {target} (once)")
     cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:",
-           "-d", str(target), f"{package}=={version}", *EXTRA_PACKAGES]
+           "-d", str(target), *wanted, *EXTRA_PACKAGES]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        raise TfclusterError(f"could not download {package}=={version}: {res.stderr.strip()[-1500:]}")
-    marker.write_text(f"{package}=={version}\n")
+        raise TfclusterError(f"could not download {', '.join(wanted)}: {res.stderr.strip()[-1500:]}")
+    marker.write_text("\n".join(wanted) + "\n")
     return target
 
 
