@@ -106,3 +106,21 @@ def _netns(cluster):
     from tfcluster import localnode
 
     return [ns for ns in localnode.list_netns() if ns.startswith(f"tfc_{cluster}_")]
+
+
+def test_make_all_tears_down_after_ctrl_c(home, cluster):
+    """`make all` interrupted (Ctrl-C while up waits for a node) still tears the cluster down."""
+    env = dict(os.environ, TFCLUSTER_HOME=str(home), TFCLUSTER_FAULT_NODE_UP=f"{cluster}-worker-0:nosshd")
+    proc = subprocess.Popen(["make", "--no-print-directory", "-C", str(REPO), "all", f"CLUSTER={cluster}"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(ns.endswith("worker-0") for ns in _netns(cluster)):
+        time.sleep(0.2)
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode != 0
+    assert "interrupted; tearing the cluster down" in out, out[-3000:]
+    assert f"cluster {cluster} is down" in out, out[-3000:]
+    assert leftovers(home, cluster) == []
