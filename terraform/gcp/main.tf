@@ -1,0 +1,255 @@
+# GCP provider: one Compute Engine VM per node, a network (or an existing one), firewall rules that
+# admit SSH only from allowed_ssh_cidrs and the TensorFlow gRPC port only between the cluster's own
+# instances, and a dedicated service account whose only grant is object access to the run's bucket.
+#
+# tfcluster's per-cluster root calls this module without provider configuration, so the module
+# configures the google provider itself from provider_options (credentials: Application Default
+# Credentials of whoever runs tfcluster; none pass through variables or state).
+
+provider "google" {
+  project = local.project
+  region  = local.region
+  zone    = local.zone
+}
+
+locals {
+  roles = ["ps", "worker", "chief"]
+  opts  = var.provider_options
+
+  project     = lookup(local.opts, "project", "")
+  zone        = lookup(local.opts, "zone", "us-central1-a")
+  region      = lookup(local.opts, "region", "") != "" ? lookup(local.opts, "region", "") : regex("^(.+)-[a-z]$", local.zone)[0]
+  preemptible = lookup(local.opts, "preemptible", "false") == "true"
+  public_ip   = lookup(local.opts, "public_ip", "true") == "true"
+  disk_size   = tonumber(lookup(local.opts, "disk_size_gb", "50"))
+  disk_type   = lookup(local.opts, "disk_type", "pd-balanced")
+  gpu_type    = lookup(local.opts, "gpu_type", "nvidia-tesla-t4")
+  subnet_cidr = lookup(local.opts, "subnet_cidr", "10.20.0.0/24")
+
+  # Resource names: "tfcluster-<cluster>" is 12-30 characters, a valid service-account id too.
+  name     = "tfcluster-${var.cluster_name}"
+  tag      = "tfcluster-${var.cluster_name}"
+  ssh_user = var.ssh_user == "" ? "ubuntu" : var.ssh_user
+  labels   = { tfcluster = var.cluster_name }
+
+  create_network = lookup(local.opts, "network", "") == ""
+  network        = local.create_network ? one(google_compute_network.cluster[*].self_link) : lookup(local.opts, "network", "")
+  subnetwork = (local.create_network ? one(google_compute_subnetwork.cluster[*].self_link) :
+  (lookup(local.opts, "subnetwork", "") == "" ? null : lookup(local.opts, "subnetwork", "")))
+
+  create_service_account = lookup(local.opts, "service_account_email", "") == ""
+  service_account_email = (local.create_service_account ? one(google_service_account.nodes[*].email) :
+  lookup(local.opts, "service_account_email", ""))
+
+  counts = { ps = var.ps_count, worker = var.worker_count, chief = var.chief_count }
+  gpus   = { for r in local.roles : r => lookup(var.gpus, r, 0) }
+
+  default_machine_type = { ps = "e2-standard-4", worker = "e2-standard-8", chief = "e2-standard-4" }
+  machine_type = { for r in local.roles : r => (
+    lookup(var.instance_types, r, "") != "" ? var.instance_types[r] :
+    local.gpus[r] > 0 ? "n1-standard-8" : local.default_machine_type[r]
+  ) }
+  # Accelerator-optimized machine types come with their GPUs; N1 types take guest accelerators.
+  bundled_gpus = { for r in local.roles : r => can(regex("^(a2|a3|a4|g2|g4)-", local.machine_type[r])) }
+  attach_gpus  = { for r in local.roles : r => local.gpus[r] > 0 && startswith(local.machine_type[r], "n1-") }
+  # GPUs and Spot VMs cannot live-migrate.
+  on_host_maintenance = { for r in local.roles : r => (
+    local.gpus[r] > 0 || local.bundled_gpus[r] || local.preemptible ? "TERMINATE" : "MIGRATE"
+  ) }
+
+  needs_default_image = anytrue([for r in local.roles : local.counts[r] > 0 && lookup(var.images, r, "") == ""])
+  image = { for r in local.roles : r => (
+    lookup(var.images, r, "") != "" ? var.images[r] : one(data.google_compute_image.ubuntu[*].self_link)
+  ) }
+
+  # Runs at every boot; the node powers itself off at the run's hard limit. Compute Engine deletes it
+  # at the same limit (scheduling.max_run_duration below).
+  startup_script = <<-EOT
+    #!/bin/sh
+    # tfcluster ${var.cluster_name}: hard limit of the run (max_runtime_minutes)
+    shutdown -h +${var.max_runtime_minutes} "tfcluster: max_runtime_minutes (${var.max_runtime_minutes}) reached"
+  EOT
+
+  ordered = concat(
+    [for i in range(var.ps_count) : { role = "ps", index = i }],
+    [for i in range(var.worker_count) : { role = "worker", index = i }],
+    [for i in range(var.chief_count) : { role = "chief", index = i }],
+  )
+  nodes = { for n in local.ordered : "${var.cluster_name}-${n.role}-${n.index}" => n }
+}
+
+data "google_compute_image" "ubuntu" {
+  count   = local.needs_default_image ? 1 : 0
+  family  = "ubuntu-2204-lts"
+  project = "ubuntu-os-cloud"
+}
+
+# --- network ------------------------------------------------------------------------------------
+
+resource "google_compute_network" "cluster" {
+  count                   = local.create_network ? 1 : 0
+  name                    = local.name
+  description             = "tfcluster ${var.cluster_name}: cluster network"
+  auto_create_subnetworks = false
+}
+
+resource "google_compute_subnetwork" "cluster" {
+  count         = local.create_network ? 1 : 0
+  name          = local.name
+  region        = local.region
+  network       = google_compute_network.cluster[0].id
+  ip_cidr_range = local.subnet_cidr
+  # Nodes without a public address still reach Cloud Storage.
+  private_ip_google_access = true
+}
+
+# --- firewall: evaluated by priority, lowest number first ---------------------------------------
+
+# SSH from the allowed networks only.
+resource "google_compute_firewall" "ssh" {
+  name          = "${local.name}-ssh"
+  description   = "tfcluster ${var.cluster_name}: SSH from allowed_ssh_cidrs only"
+  network       = local.network
+  direction     = "INGRESS"
+  priority      = 900
+  source_ranges = var.allowed_ssh_cidrs
+  target_tags   = [local.tag]
+
+  allow {
+    protocol = "tcp"
+    ports    = ["22"]
+  }
+}
+
+# The TensorFlow gRPC port (no authentication) from the cluster's own instances only.
+resource "google_compute_firewall" "tf_grpc" {
+  name        = "${local.name}-tf-grpc"
+  description = "tfcluster ${var.cluster_name}: TensorFlow gRPC between cluster members only"
+  network     = local.network
+  direction   = "INGRESS"
+  priority    = 900
+  source_tags = [local.tag]
+  target_tags = [local.tag]
+
+  allow {
+    protocol = "tcp"
+    ports    = [tostring(var.tf_port)]
+  }
+}
+
+# Everything else to the cluster's instances is denied, above the priority (65534) of permissive
+# rules such as the default network's default-allow-ssh and default-allow-internal.
+resource "google_compute_firewall" "deny_ingress" {
+  name          = "${local.name}-deny-ingress"
+  description   = "tfcluster ${var.cluster_name}: deny all other ingress to the cluster's instances"
+  network       = local.network
+  direction     = "INGRESS"
+  priority      = 1000
+  source_ranges = ["0.0.0.0/0"]
+  target_tags   = [local.tag]
+
+  deny {
+    protocol = "all"
+  }
+}
+
+# --- identity: the nodes run as a service account that can only use the run's bucket ------------
+
+resource "google_service_account" "nodes" {
+  count        = local.create_service_account ? 1 : 0
+  account_id   = local.name
+  display_name = "tfcluster ${var.cluster_name} nodes"
+  description  = "Identity of the nodes of tfcluster cluster ${var.cluster_name}: object access to bucket ${var.bucket} only."
+}
+
+resource "google_storage_bucket_iam_member" "nodes" {
+  count  = local.create_service_account ? 1 : 0
+  bucket = var.bucket
+  role   = "roles/storage.objectAdmin"
+  member = "serviceAccount:${google_service_account.nodes[0].email}"
+}
+
+# --- nodes ----------------------------------------------------------------------------------------
+
+resource "google_compute_instance" "node" {
+  for_each = local.nodes
+
+  name         = each.key
+  machine_type = local.machine_type[each.value.role]
+  zone         = local.zone
+  tags         = [local.tag]
+  labels       = merge(local.labels, { tfcluster-role = each.value.role })
+
+  boot_disk {
+    auto_delete = true
+    initialize_params {
+      image  = local.image[each.value.role]
+      size   = local.disk_size
+      type   = local.disk_type
+      labels = local.labels
+    }
+  }
+
+  network_interface {
+    network    = local.network
+    subnetwork = local.subnetwork
+
+    dynamic "access_config" {
+      for_each = local.public_ip ? [1] : []
+      content {}
+    }
+  }
+
+  dynamic "guest_accelerator" {
+    for_each = local.attach_gpus[each.value.role] ? [1] : []
+    content {
+      type  = local.gpu_type
+      count = local.gpus[each.value.role]
+    }
+  }
+
+  scheduling {
+    provisioning_model          = local.preemptible ? "SPOT" : "STANDARD"
+    preemptible                 = local.preemptible
+    automatic_restart           = false
+    on_host_maintenance         = local.on_host_maintenance[each.value.role]
+    instance_termination_action = "DELETE"
+    max_run_duration {
+      seconds = var.max_runtime_minutes * 60
+    }
+  }
+
+  service_account {
+    email  = local.service_account_email
+    scopes = ["https://www.googleapis.com/auth/devstorage.read_write"]
+  }
+
+  metadata = {
+    ssh-keys               = "${local.ssh_user}:${trimspace(var.ssh_public_key)}"
+    block-project-ssh-keys = "true"
+    enable-oslogin         = "FALSE"
+    startup-script         = local.startup_script
+    tfcluster-cluster      = var.cluster_name
+    tfcluster-role         = each.value.role
+    tfcluster-index        = tostring(each.value.index)
+    tfcluster-storage      = "gs://${var.bucket}/${var.prefix}/"
+  }
+
+  lifecycle {
+    precondition {
+      condition     = local.gpus[each.value.role] == 0 || startswith(local.machine_type[each.value.role], "n1-") || local.bundled_gpus[each.value.role]
+      error_message = "gpus.${each.value.role}: GPUs need an N1 machine type (guest accelerators) or an accelerator-optimized one (a2-, a3-, a4-, g2-, g4-); instance_types.${each.value.role} is ${local.machine_type[each.value.role]}."
+    }
+    precondition {
+      condition     = !local.bundled_gpus[each.value.role] || local.gpus[each.value.role] > 0
+      error_message = "gpus.${each.value.role}: machine type ${local.machine_type[each.value.role]} comes with GPUs; set gpus.${each.value.role} to their number so the nodes are configured for them."
+    }
+  }
+
+  depends_on = [
+    google_compute_firewall.ssh,
+    google_compute_firewall.tf_grpc,
+    google_compute_firewall.deny_ingress,
+    google_storage_bucket_iam_member.nodes,
+  ]
+}

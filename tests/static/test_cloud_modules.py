@@ -1,0 +1,286 @@
+"""The cloud modules (terraform/gcp, terraform/openstack), checked without their providers.
+
+No google or openstack provider can be installed on these machines, so the modules are never planned
+or applied here. What is checked: formatting; that every .tf parses (python-hcl2); the intent of the
+firewall and security-group rules, read from the parsed structure; exact provider pins; and the input
+validations, evaluated by Terraform itself on ``variables.tf`` alone (that needs no provider).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import hcl2
+import pytest
+
+from tfcluster.paths import TERRAFORM_DIR
+from tfcluster.providers.gcp import _CHECKS as GCP_CHECKS
+from tfcluster.providers.gcp import GcpProvider
+from tfcluster.providers.openstack import _CHECKS as OPENSTACK_CHECKS
+from tfcluster.providers.openstack import OpenstackProvider
+from tfcluster.terraform import TERRAFORM_BIN
+
+MODULES = {"gcp": TERRAFORM_DIR / "gcp", "openstack": TERRAFORM_DIR / "openstack"}
+PROVIDERS = {"gcp": GcpProvider, "openstack": OpenstackProvider}
+CHECKS = {"gcp": GCP_CHECKS, "openstack": OPENSTACK_CHECKS}
+SOURCES = {"gcp": "hashicorp/google", "openstack": "terraform-provider-openstack/openstack"}
+_HCL = hcl2.SerializationOptions(with_comments=False, explicit_blocks=False, strip_string_quotes=True)
+
+
+def terraform_env(tmp: Path) -> dict:
+    """Offline and quiet: no checkpoint call, a CLI config of our own (the machine's points nowhere)."""
+    rc = tmp / "terraform.rc"
+    rc.write_text("disable_checkpoint = true\n")
+    return dict(os.environ, CHECKPOINT_DISABLE="1", TF_CLI_CONFIG_FILE=str(rc), TF_IN_AUTOMATION="1", TF_INPUT="0")
+
+
+def load(path: Path) -> dict:
+    with path.open() as f:
+        return hcl2.load(f, serialization_options=_HCL)
+
+
+def module_config(name: str) -> dict[str, list]:
+    """Top-level blocks of a module's .tf files (not its examples), merged by block kind."""
+    merged: dict[str, list] = {}
+    for path in sorted(MODULES[name].glob("*.tf")):
+        for kind, blocks in load(path).items():
+            merged.setdefault(kind, []).extend(blocks)
+    return merged
+
+
+def resources(name: str, rtype: str) -> dict[str, dict]:
+    found = {}
+    for block in module_config(name).get("resource", []):
+        for t, named in block.items():
+            if t == rtype:
+                found.update(named)
+    return found
+
+
+def resource_types(name: str) -> set[str]:
+    return {t for block in module_config(name).get("resource", []) for t in block}
+
+
+def local(name: str, key: str):
+    for block in module_config(name)["locals"]:
+        if key in block:
+            return block[key]
+    raise KeyError(key)
+
+
+# --- formatting and parsing ----------------------------------------------------------------------
+
+def test_terraform_fmt(tmp_path):
+    res = subprocess.run([TERRAFORM_BIN, "fmt", "-check", "-recursive", "-diff", *map(str, MODULES.values())],
+                         capture_output=True, text=True, env=terraform_env(tmp_path))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_tf_file_parses(name):
+    files = sorted(MODULES[name].rglob("*.tf"))
+    assert {p.name for p in files} >= {"main.tf", "variables.tf", "outputs.tf", "versions.tf"}
+    assert list((MODULES[name] / "examples").rglob("*.tf")), "examples/ has no configuration"
+    for path in files:
+        assert load(path), path
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_provider_pinned_exactly(name):
+    (terraform,) = module_config(name)["terraform"]
+    assert terraform["required_version"].startswith(">=")
+    (providers,) = terraform["required_providers"]
+    (spec,) = providers.values()
+    assert spec["source"] == SOURCES[name]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", spec["version"]), spec["version"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_readme_says_verified_statically_only(name):
+    text = (MODULES[name] / "README.md").read_text()
+    assert "Verified statically only" in text and "not been applied" in text
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_option_keys_agree_between_module_and_provider_class(name):
+    variables = {k: v for block in module_config(name)["variable"] for k, v in block.items()}
+    condition = variables["provider_options"]["validation"][0]["condition"]
+    listed = set(re.findall(r'\\?"([a-z_]+)\\?"', condition.split("contains(", 1)[1]))
+    assert listed == set(PROVIDERS[name].options) == set(CHECKS[name])
+
+
+# --- GCP: firewall intent --------------------------------------------------------------------------
+
+def test_gcp_firewall_ssh_only_from_allowed_cidrs_and_grpc_only_between_members():
+    assert local("gcp", "tag") == "tfcluster-${var.cluster_name}"
+    tag = ["${local.tag}"]
+    rules = resources("gcp", "google_compute_firewall")
+    allows = {n: r for n, r in rules.items() if "allow" in r}
+    denies = {n: r for n, r in rules.items() if "deny" in r}
+    assert allows and denies
+    ssh = grpc = 0
+    for name, rule in allows.items():
+        assert rule["direction"] == "INGRESS" and rule["target_tags"] == tag, name
+        ports = [p for a in rule["allow"] for p in a.get("ports", [])]
+        assert ports, f"{name}: an allow rule without ports opens every port"
+        if ports == ["22"]:
+            assert rule["source_ranges"] == "${var.allowed_ssh_cidrs}", name
+            assert "source_tags" not in rule, name
+            ssh += 1
+        elif ports == ["${tostring(var.tf_port)}"]:
+            assert rule["source_tags"] == tag, f"{name}: gRPC must come from cluster members only"
+            assert "source_ranges" not in rule, f"{name}: gRPC must never come from an address range"
+            grpc += 1
+        else:
+            pytest.fail(f"{name}: unexpected allowed ports {ports}")
+    assert (ssh, grpc) == (1, 1)
+    for name, rule in denies.items():
+        assert rule["deny"] == [{"protocol": "all"}] and rule["source_ranges"] == ["0.0.0.0/0"], name
+        assert rule["target_tags"] == tag, name
+        assert all(rule["priority"] > a["priority"] for a in allows.values()), f"{name} must rank below the allows"
+        assert rule["priority"] < 65534, f"{name} must rank above the default network's permissive rules"
+
+
+def test_gcp_instances_carry_the_tag_the_key_the_identity_and_the_run_limit():
+    (node,) = resources("gcp", "google_compute_instance").values()
+    assert node["tags"] == ["${local.tag}"]
+    meta = node["metadata"]
+    assert "var.ssh_public_key" in meta["ssh-keys"] and "local.ssh_user" in meta["ssh-keys"]
+    assert meta["block-project-ssh-keys"] == "true"
+    assert meta["startup-script"] == "${local.startup_script}"
+    assert "shutdown -h +${var.max_runtime_minutes}" in local("gcp", "startup_script")
+    (sched,) = node["scheduling"]
+    assert sched["instance_termination_action"] == "DELETE"
+    assert sched["max_run_duration"] == [{"seconds": "${var.max_runtime_minutes * 60}"}]
+    (sa,) = node["service_account"]
+    assert sa["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_write"]
+    (gpu,) = node["dynamic"][0].values()
+    assert gpu["content"][0]["count"] == "${local.gpus[each.value.role]}"
+    assert '"TERMINATE"' in local("gcp", "on_host_maintenance")
+
+
+def test_gcp_identity_is_limited_to_the_bucket():
+    types = resource_types("gcp")
+    assert not {t for t in types if t.startswith(("google_project_iam", "google_service_account_key"))}, types
+    (member,) = resources("gcp", "google_storage_bucket_iam_member").values()
+    assert member["bucket"] == "${var.bucket}"
+    assert member["role"] == "roles/storage.objectAdmin"
+    assert member["member"] == "serviceAccount:${google_service_account.nodes[0].email}"
+
+
+# --- OpenStack: security-group intent --------------------------------------------------------------
+
+def test_openstack_rules_ssh_only_from_allowed_cidrs_and_grpc_only_from_the_group():
+    group = "${openstack_networking_secgroup_v2.cluster.id}"
+    rules = resources("openstack", "openstack_networking_secgroup_rule_v2")
+    assert set(resources("openstack", "openstack_networking_secgroup_v2")) == {"cluster"}
+    ssh = grpc = 0
+    for name, rule in rules.items():
+        assert rule["security_group_id"] == group, name
+        assert rule["direction"] == "ingress", f"{name}: only ingress rules are added (egress is Neutron's default)"
+        assert rule["protocol"] == "tcp" and rule["port_range_min"] == rule["port_range_max"], name
+        if rule["port_range_min"] == 22:
+            assert rule["for_each"] == "${toset(var.allowed_ssh_cidrs)}", name
+            assert rule["remote_ip_prefix"] == "${each.key}", name
+            assert "remote_group_id" not in rule, name
+            ssh += 1
+        elif rule["port_range_min"] == "${var.tf_port}":
+            assert rule["remote_group_id"] == group, f"{name}: gRPC must come from the cluster's group only"
+            assert "remote_ip_prefix" not in rule, f"{name}: gRPC must never come from an address range"
+            grpc += 1
+        else:
+            pytest.fail(f"{name}: unexpected port {rule['port_range_min']}")
+    assert (ssh, grpc) == (1, 1)
+
+
+def test_openstack_ports_carry_only_the_cluster_group():
+    (port,) = resources("openstack", "openstack_networking_port_v2").values()
+    assert port["security_group_ids"] == ["${openstack_networking_secgroup_v2.cluster.id}"]
+    assert port["port_security_enabled"] is True
+    (server,) = resources("openstack", "openstack_compute_instance_v2").values()
+    assert "security_groups" not in server, "groups belong on the port, or the project default group applies"
+    assert server["network"] == [{"port": "${openstack_networking_port_v2.node[each.key].id}"}]
+    assert server["key_pair"] == "${openstack_compute_keypair_v2.run.name}"
+    (keypair,) = resources("openstack", "openstack_compute_keypair_v2").values()
+    assert keypair["public_key"] == "${trimspace(var.ssh_public_key)}"
+
+
+def test_openstack_creates_no_credentials_and_limits_the_run():
+    types = resource_types("openstack")
+    assert not {t for t in types if "credential" in t or t.startswith("openstack_identity")}, types
+    template = (MODULES["openstack"] / "templates" / "user-data.yaml.tftpl").read_text()
+    assert template.startswith("#cloud-config\n")
+    assert '[shutdown, -h, "+${minutes}"' in template
+    assert "minutes        = var.max_runtime_minutes" in (MODULES["openstack"] / "main.tf").read_text()
+
+
+# --- input validations, evaluated by Terraform on variables.tf alone -------------------------------
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGQ3 tfcluster\n"
+GOOD = {
+    "cluster_name": "exp1", "ps_count": 1, "worker_count": 2, "chief_count": 1,
+    "instance_types": {"ps": "", "worker": "", "chief": ""}, "images": {"ps": "", "worker": "", "chief": ""},
+    "gpus": {"ps": 0, "worker": 0, "chief": 0}, "ssh_public_key": KEY, "ssh_user": "",
+    "allowed_ssh_cidrs": ["203.0.113.0/24"], "tf_port": 2222, "bucket": "tfcluster", "prefix": "runs",
+    "max_runtime_minutes": 60,
+}
+GOOD_OPTIONS = {"gcp": {"project": "my-project-123"}, "openstack": {"external_network": "public"}}
+# (module, input, bad value, text the error must contain)
+BAD = [
+    ("gcp", "allowed_ssh_cidrs", [], "at least one CIDR"),
+    ("gcp", "allowed_ssh_cidrs", ["2001:db8::/48"], "IPv4 CIDR"),
+    ("gcp", "provider_options", {}, "provider_options.project: required"),
+    ("gcp", "provider_options", {"project": "my-project-123", "colour": "red"}, "known keys are"),
+    ("gcp", "provider_options", {"project": "my-project-123", "zone": "us-east1-b", "region": "us-west1"},
+     "provider_options.region"),
+    ("gcp", "provider_options", {"project": "my-project-123", "subnetwork": "s"}, "needs provider_options.network"),
+    ("gcp", "gpus", {"worker": 3}, "0, 1, 2, 4, 8 or 16"),
+    ("gcp", "ssh_user", "root", "other than root"),
+    ("openstack", "allowed_ssh_cidrs", [], "at least one CIDR"),
+    ("openstack", "provider_options", {}, "provider_options.external_network: required"),
+    ("openstack", "provider_options", {"external_network": "public", "colour": "red"}, "known keys are"),
+    ("openstack", "provider_options", {"external_network": "public", "floating_ip": "yes"}, "true or false"),
+    ("openstack", "provider_options", {"external_network": "public", "volume_size_gb": "-1"}, "volume_size_gb"),
+    ("openstack", "tf_port", 80, "1024 to 65535"),
+]
+
+
+@pytest.fixture(scope="module")
+def validation_dirs(tmp_path_factory):
+    """One initialised directory per module holding only its variables.tf (no provider needed)."""
+    dirs = {}
+    for name, module in MODULES.items():
+        work = tmp_path_factory.mktemp(f"vars-{name}")
+        shutil.copy(module / "variables.tf", work / "variables.tf")
+        env = terraform_env(work)
+        res = subprocess.run([TERRAFORM_BIN, "init", "-input=false", "-backend=false"], cwd=work,
+                             capture_output=True, text=True, env=env)
+        assert res.returncode == 0, res.stdout + res.stderr
+        dirs[name] = (work, env)
+    return dirs
+
+
+def plan(dirs, name: str, inputs: dict) -> subprocess.CompletedProcess:
+    work, env = dirs[name]
+    (work / "inputs.tfvars.json").write_text(json.dumps(inputs))
+    return subprocess.run([TERRAFORM_BIN, "plan", "-input=false", "-no-color", "-var-file=inputs.tfvars.json"],
+                          cwd=work, capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_good_inputs_pass_validation(validation_dirs, name):
+    res = plan(validation_dirs, name, {**GOOD, "provider_options": GOOD_OPTIONS[name]})
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize(("name", "field", "value", "message"), BAD,
+                         ids=[f"{b[0]}-{b[1]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_inputs_fail_validation_naming_what_is_allowed(validation_dirs, name, field, value, message):
+    res = plan(validation_dirs, name, {**GOOD, "provider_options": GOOD_OPTIONS[name], field: value})
+    assert res.returncode != 0
+    assert message in " ".join(res.stderr.split()), res.stderr

@@ -1,0 +1,190 @@
+"""Amazon EC2 through ``terraform/aws/``: instances per role, a locked-down security group, an S3-only role.
+
+Credentials come from the AWS standard chain alone (environment, shared config/credentials files, an
+instance role): nothing here reads, writes or passes a key. boto3 is imported only to look for leftovers.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+
+from ..config import ROLES, RunSpec
+from ..errors import ConfigError
+from .base import TerraformProvider, register
+
+_REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
+_AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+_VPC_RE = re.compile(r"^vpc-[0-9a-f]{8}([0-9a-f]{9})?$")
+_SUBNET_RE = re.compile(r"^subnet-[0-9a-f]{8}([0-9a-f]{9})?$")
+_AMI_RE = re.compile(r"^ami-[0-9a-f]{8}([0-9a-f]{9})?$")
+_TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+_ENDPOINT_RE = re.compile(r"^https?://[A-Za-z0-9.:\[\]-]+(:\d{1,5})?/?$")
+_BOOL = ("true", "false")
+
+#: the tag every resource of a cluster carries (also what ``leftovers`` looks for)
+CLUSTER_TAG = "tfcluster:cluster"
+
+
+def _bool(field, value):
+    if value not in _BOOL:
+        raise ConfigError(field, value, '"true" or "false"')
+
+
+def _match(pattern: re.Pattern, allowed: str):
+    def check(field, value):
+        if not pattern.fullmatch(value):
+            raise ConfigError(field, value, allowed)
+
+    return check
+
+
+def _root_volume(field, value):
+    if not re.fullmatch(r"\d+", value) or not 8 <= int(value) <= 16384:
+        raise ConfigError(field, value, "a whole number of GiB from 8 to 16384")
+
+
+def _vpc_cidr(field, value):
+    allowed = "an IPv4 network from /16 to /24 in canonical form, e.g. 10.42.0.0/16"
+    try:
+        net = ipaddress.ip_network(value, strict=True)
+    except ValueError:
+        raise ConfigError(field, value, allowed) from None
+    if net.version != 4 or not 16 <= net.prefixlen <= 24:
+        raise ConfigError(field, value, allowed)
+
+
+_OPTION_CHECKS = {
+    "region": _match(_REGION_RE, "an AWS region name such as us-east-1 or eu-west-3"),
+    "vpc_id": _match(_VPC_RE, "a VPC id such as vpc-0123456789abcdef0"),
+    "subnet_id": _match(_SUBNET_RE, "a subnet id such as subnet-0123456789abcdef0"),
+    "vpc_cidr": _vpc_cidr,
+    "availability_zone": _match(_AZ_RE, "an availability zone name such as us-east-1a"),
+    "associate_public_ip": _bool,
+    "spot": _bool,
+    "root_volume_gb": _root_volume,
+    "endpoint": _match(_ENDPOINT_RE, "an http(s)://host[:port] URL of an AWS API emulator (tests only)"),
+}
+
+
+@register
+class AwsProvider(TerraformProvider):
+    name = "aws"
+    options = {
+        "region": "AWS region of the nodes (default: storage.region)",
+        "vpc_id": "an existing VPC; needs subnet_id (only checked against the subnet's VPC)",
+        "subnet_id": "an existing subnet for the nodes (default: a small VPC, subnet, internet gateway and "
+                     "route are created)",
+        "vpc_cidr": "network of the created VPC, /16 to /24 (default 10.42.0.0/16; its first /24 is the subnet)",
+        "availability_zone": "zone of the created subnet (default: the first zone offering every instance type)",
+        "associate_public_ip": '"true"/"false": public addresses for SSH from the controller (default: a '
+                               "created subnet gives them, a given subnet keeps its own setting)",
+        "spot": '"true"/"false": one-time spot instances that terminate on interruption (default "false")',
+        "root_volume_gb": "root volume size in GiB, 8-16384 (default 50; gp3, encrypted)",
+        "endpoint": "URL of an AWS API emulator (moto) for ec2, iam, sts and s3; tests only",
+    }
+    unsupported = {
+        "network.subnet": "it names the local provider's bridge network; on aws use provider_options.subnet_id "
+                          "(an existing subnet) or provider_options.vpc_cidr (the created VPC)",
+    }
+
+    def check(self, spec: RunSpec) -> None:
+        """Refuse what terraform/aws cannot do, before anything is created (ConfigError, exit 2)."""
+        super().check(spec)
+        opts = spec.get("provider_options")
+        for key, value in opts.items():
+            _OPTION_CHECKS[key](f"provider_options.{key}", value)
+        if opts.get("vpc_id") and not opts.get("subnet_id"):
+            raise ConfigError("provider_options.vpc_id", opts["vpc_id"],
+                              "only together with provider_options.subnet_id (the subnet the nodes go into); "
+                              "give neither to create a small VPC")
+        if opts.get("subnet_id"):
+            for key in ("vpc_cidr", "availability_zone"):
+                if key in opts:
+                    raise ConfigError(f"provider_options.{key}", opts[key],
+                                      "nothing when provider_options.subnet_id is given (the subnet decides)")
+        cidrs = spec.get("network.allowed_ssh_cidrs")
+        if not cidrs:
+            raise ConfigError("network.allowed_ssh_cidrs", cidrs,
+                              "at least one network that may reach SSH, e.g. ['203.0.113.0/24'] (aws has no open "
+                              "default; SSH is open to the internet only if 0.0.0.0/0 or ::/0 is listed "
+                              "explicitly)")
+        if spec.get("network.subnet") != "auto":
+            raise ConfigError("network.subnet", spec.get("network.subnet"),
+                              f"'auto' on aws ({self.unsupported['network.subnet']})")
+        for role in ROLES:
+            itype = spec.get(f"nodes.{role}.instance_type")
+            if itype and not _TYPE_RE.fullmatch(itype):
+                raise ConfigError(f"nodes.{role}.instance_type", itype,
+                                  "'' (the role's default) or an EC2 instance type such as c6i.xlarge")
+            image = spec.get(f"nodes.{role}.image")
+            if image and not _AMI_RE.fullmatch(image):
+                raise ConfigError(f"nodes.{role}.image", image,
+                                  "'' (Ubuntu 22.04 LTS) or an AMI id such as ami-0123456789abcdef0")
+
+    def provider_options(self, spec: RunSpec) -> dict[str, str]:
+        """The user's options as strings for the module; the region defaults to the bucket's."""
+        opts = {k: str(v) for k, v in spec.get("provider_options").items()}
+        opts.setdefault("region", spec.get("storage.region"))
+        return opts
+
+    # -- proving nothing remains ------------------------------------------------------------------
+    def _root_inputs(self) -> dict | None:
+        root = self.state.terraform_dir / "main.tf.json"
+        if not root.exists():
+            return None
+        try:
+            return json.loads(root.read_text())["module"]["cluster"]
+        except (ValueError, KeyError):
+            return None
+
+    def leftovers(self) -> list[str]:
+        """Terraform's state, then the cloud itself: anything tagged with this cluster still there."""
+        found = super().leftovers()
+        inputs = self._root_inputs()
+        if inputs is None:  # no root was ever written: nothing was created
+            return found
+        return found + cloud_leftovers(inputs.get("cluster_name", self.state.cluster),
+                                       inputs.get("provider_options") or {})
+
+
+def cloud_leftovers(cluster: str, opts: dict[str, str]) -> list[str]:
+    """What of ``cluster`` AWS still has (instances not terminated, security groups, key pair, VPC, IAM)."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    region = opts.get("region", "us-east-1")
+    kwargs = {"region_name": region,
+              "config": Config(connect_timeout=5, read_timeout=20, retries={"max_attempts": 3})}
+    if opts.get("endpoint"):
+        kwargs["endpoint_url"] = opts["endpoint"].rstrip("/")
+    tag = [{"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster]}]
+    found = []
+    try:
+        ec2 = boto3.client("ec2", **kwargs)
+        alive = ["pending", "running", "shutting-down", "stopping", "stopped"]
+        for res in ec2.describe_instances(Filters=tag + [{"Name": "instance-state-name", "Values": alive}])[
+                "Reservations"]:
+            for inst in res["Instances"]:
+                found.append(f"instance {inst['InstanceId']} ({inst['State']['Name']})")
+        for sg in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]:
+            found.append(f"security group {sg['GroupId']} ({sg['GroupName']})")
+        for kp in ec2.describe_key_pairs(Filters=tag)["KeyPairs"]:
+            found.append(f"key pair {kp['KeyName']}")
+        for vpc in ec2.describe_vpcs(Filters=tag)["Vpcs"]:
+            found.append(f"VPC {vpc['VpcId']}")
+        iam = boto3.client("iam", **kwargs)
+        name = f"tfcluster-{cluster}-{region}"
+        for what, call, key in (("IAM role", iam.get_role, "RoleName"),
+                                ("IAM instance profile", iam.get_instance_profile, "InstanceProfileName")):
+            try:
+                call(**{key: name})
+                found.append(f"{what} {name}")
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "NoSuchEntity":
+                    raise
+    except (BotoCoreError, ClientError) as exc:
+        found.append(f"could not check AWS ({region}) for what is left of cluster {cluster}: {exc}")
+    return found

@@ -1,0 +1,496 @@
+"""The ``im`` provider: nodes from an Infrastructure Manager (IM 2.x) through its REST API.
+
+``up`` renders ``radl/cluster.radl.j2`` from the run's configuration (tfcluster/radl_render.py), submits it
+to IM with ``contextualize ()`` (tfcluster configures the nodes with its own playbooks afterwards), waits
+for IM to report the infrastructure configured, and reads each VM's addresses back. The infrastructure id
+is recorded in ``.tfcluster/<cluster>/im.json`` *before* anything is created (with a random token that is
+also in the RADL's description), so ``down`` works from state alone, also after an interrupted ``up``.
+
+``adopt_local: "true"`` is for tests and laptops: local-provider nodes are created first and IM adopts
+them through its ``DeployedNode`` connector (one system per node, naming its address, the user root and
+the run's private key). The key text goes to IM in the request body only: neither the RADL nor a log
+line holding it is ever written here.
+
+The auth file (``auth_file``) has one credential per line, IM's own format, e.g.::
+
+    id = im; type = InfrastructureManager; username = USER; password = PASS
+    id = site; type = OpenStack; host = https://keystone:5000; username = U; password = P; tenant = T
+    id = dn; type = DeployedNode
+
+Its content is sent in the ``Authorization`` header and never printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+
+from .. import radl_render
+from ..config import ROLES, RunSpec
+from ..errors import ConfigError, ProvisionError, TfclusterError
+from ..paths import ClusterState
+from .base import Node, Provider, register
+from .local import LocalProvider
+
+DEFAULT_TIMEOUT = 900
+POLL_S = 2.0
+_URL_RE = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?(/[A-Za-z0-9._~/-]*)?$")
+_KEY_RE = re.compile(r"-----BEGIN[^-]*-----.*?-----END[^-]*-----", re.S)
+_SYSTEM_RE = re.compile(r"^(ps|worker|chief)(?:_(\d+))?$")
+#: IM states after which waiting is pointless
+_FAILED = ("failed", "unconfigured", "deleting", "off", "stopped")
+
+
+def _mask(text: str) -> str:
+    """Whatever IM answers, keep key material out of messages."""
+    return _KEY_RE.sub("<key>", text)
+
+
+def _truthy(field: str, value: str) -> bool:
+    if value.lower() in ("true", "yes", "1"):
+        return True
+    if value.lower() in ("", "false", "no", "0"):
+        return False
+    raise ConfigError(field, value, "true or false")
+
+
+def auth_types(path: Path) -> list[str]:
+    """The credential types an auth file names (read only to check it; values are never returned)."""
+    text = path.read_text()
+    try:
+        data = json.loads(text)
+        return [str(d.get("type", "")) for d in data if isinstance(d, dict)]
+    except ValueError:
+        pass
+    types = []
+    for line in text.splitlines():
+        m = re.search(r"(?:^|;)\s*type\s*=\s*['\"]?([A-Za-z]+)", line)
+        if m and not line.lstrip().startswith("#"):
+            types.append(m.group(1))
+    return types
+
+
+def auth_ids(path: Path, kind: str) -> list[str]:
+    """The ids of the auth file's lines of one type."""
+    ids = []
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("#") or not re.search(rf"(?:^|;)\s*type\s*=\s*['\"]?{kind}\b", line):
+            continue
+        m = re.search(r"(?:^|;)\s*id\s*=\s*['\"]?([A-Za-z0-9_.-]+)", line)
+        if m:
+            ids.append(m.group(1))
+    return ids
+
+
+def auth_header(path: Path) -> str:
+    """IM's Authorization header for an auth file: lines joined by a literal backslash-n.
+
+    ``file(PATH)`` values are read here, on the client (as im_client does), not by the server.
+    """
+    text = path.read_text()
+    try:
+        data = json.loads(text)
+        return json.dumps(data)  # IM accepts one JSON line too
+    except ValueError:
+        pass
+    lines = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+
+        def _file(m: re.Match) -> str:
+            content = (path.parent / Path(m.group(1)).expanduser()).read_text()
+            return content.replace("\n", "\\\\n")
+
+        lines.append(re.sub(r"file\(([^)]+)\)", _file, line))
+    return "\\n".join(lines)
+
+
+class ImClient:
+    """The few IM REST calls tfcluster needs (requests; auth header from the auth file)."""
+
+    def __init__(self, url: str, auth_file: Path, timeout: float = 120.0):
+        import requests
+
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.session.headers.update({"Authorization": auth_header(auth_file), "Accept": "application/json"})
+
+    def _call(self, method: str, path: str, ok=(200,), **kwargs):
+        import requests
+
+        try:
+            resp = self.session.request(method, f"{self.url}{path}", timeout=kwargs.pop("timeout", self.timeout),
+                                        **kwargs)
+        except requests.RequestException as exc:
+            raise ProvisionError(f"IM at {self.url} did not answer {method} {path}: "
+                                 f"{exc.__class__.__name__}") from None
+        if resp.status_code not in ok:
+            try:
+                msg = resp.json().get("message", resp.text)
+            except ValueError:
+                msg = resp.text
+            raise ProvisionError(f"IM at {self.url}: {method} {path}: HTTP {resp.status_code}: "
+                                 f"{_mask(str(msg))[:800]}")
+        return resp
+
+    def version(self) -> str:
+        resp = self._call("GET", "/version")
+        try:
+            return str(resp.json().get("version", resp.text.strip()))
+        except ValueError:
+            return resp.text.strip()
+
+    def create(self, radl: str) -> str:
+        resp = self._call("POST", "/infrastructures", params={"async": "true"}, data=radl.encode(),
+                          headers={"Content-Type": "text/plain"})
+        inf_id = resp.headers.get("InfID") or resp.json()["uri"].rstrip("/").rsplit("/", 1)[-1]
+        return inf_id
+
+    def list_ids(self) -> list[str]:
+        body = self._call("GET", "/infrastructures").json()
+        return [u["uri"].rstrip("/").rsplit("/", 1)[-1] for u in body.get("uri-list", [])]
+
+    def state(self, inf_id: str) -> dict:
+        return self._call("GET", f"/infrastructures/{inf_id}/state").json()["state"]
+
+    def vm_ids(self, inf_id: str) -> list[str]:
+        body = self._call("GET", f"/infrastructures/{inf_id}").json()
+        return [u["uri"].rstrip("/").rsplit("/", 1)[-1] for u in body.get("uri-list", [])]
+
+    def vm_info(self, inf_id: str, vm_id: str) -> list[dict]:
+        return self._call("GET", f"/infrastructures/{inf_id}/vms/{vm_id}").json()["radl"]
+
+    def contmsg(self, inf_id: str) -> str:
+        body = self._call("GET", f"/infrastructures/{inf_id}/contmsg").json()
+        return _mask(str(body.get("contmsg", "")))
+
+    def radl(self, inf_id: str) -> str:
+        return self._call("GET", f"/infrastructures/{inf_id}/radl", headers={"Accept": "text/plain"}).text
+
+    def destroy(self, inf_id: str, timeout: float) -> bool:
+        """Destroy an infrastructure; False when IM does not know it (already gone)."""
+        resp = self._call("DELETE", f"/infrastructures/{inf_id}", ok=(200, 404), timeout=timeout)
+        return resp.status_code == 200
+
+
+def nodes_from_vms(cluster: str, vms: list[tuple[str, list[dict]]], gpus: dict[str, int]) -> list[Node]:
+    """Node records from IM's VM descriptions: ``[(vm_id, radl_json)]`` -> nodes named <cluster>-<role>-<i>.
+
+    A system ``ps`` (cloud) numbers its VMs by IM's VM id; a system ``ps_3`` (an adopted node) is index 3.
+    """
+    by_role: dict[str, list[tuple[tuple[int, int], dict]]] = {r: [] for r in ROLES}
+    for vm_id, radl in vms:
+        nets = {d["id"]: str(d.get("outbound", "no")).lower() == "yes" for d in radl if d.get("class") == "network"}
+        system = next((d for d in radl if d.get("class") == "system"), None)
+        if system is None:
+            raise ProvisionError(f"IM VM {vm_id} has no system description")
+        m = _SYSTEM_RE.fullmatch(str(system.get("id", "")))
+        if not m:
+            raise ProvisionError(f"IM VM {vm_id} belongs to system {system.get('id')!r}, not one of this cluster's")
+        public = private = ""
+        i = 0
+        while f"net_interface.{i}.connection" in system:
+            ip = str(system.get(f"net_interface.{i}.ip") or "")
+            if ip and nets.get(system[f"net_interface.{i}.connection"]):
+                public = public or ip
+            elif ip:
+                private = private or ip
+            i += 1
+        if not (public or private):
+            raise ProvisionError(f"IM VM {vm_id} ({system['id']}) has no address yet")
+        rec = {"private_ip": private or public, "public_ip": public or private,
+               "ssh_user": str(system.get("disk.0.os.credentials.username") or "root"), "ssh_port": 22}
+        order = (int(m.group(2)) if m.group(2) is not None else 0, int(vm_id) if vm_id.isdigit() else 0)
+        by_role[m.group(1)].append((order, rec))
+    nodes = []
+    for role in ROLES:
+        for index, (_, rec) in enumerate(sorted(by_role[role], key=lambda x: x[0])):
+            nodes.append(Node(name=f"{cluster}-{role}-{index}", role=role, index=index, gpus=gpus.get(role, 0),
+                              **rec))
+    return nodes
+
+
+def _local_spec(spec: RunSpec) -> RunSpec:
+    tree = spec.to_dict()
+    tree["provider"] = "local"
+    tree["provider_options"] = {}
+    return RunSpec(tree)
+
+
+@register
+class ImProvider(Provider):
+    name = "im"
+    unsupported = {"spot": "IM's RADL has a spot flag per connector only; not wired up here"}
+    options = {
+        "im_url": "IM REST endpoint, e.g. https://im.example.org:8800 (required)",
+        "auth_file": "IM auth file, one credential per line (required; must exist and be readable; its content "
+                     "is sent to IM only, never logged)",
+        "adopt_local": "'true': create local-provider nodes first and let IM adopt them (DeployedNode), for "
+                       "tests and laptops; the auth file then needs a 'type = DeployedNode' line",
+        "timeout": f"seconds to wait for IM to report the infrastructure configured (default {DEFAULT_TIMEOUT})",
+        **radl_render.OPTIONS,
+    }
+
+    def __init__(self, state: ClusterState):
+        super().__init__(state)
+        self.record_path = state.dir / "im.json"
+
+    # -- settings ---------------------------------------------------------------------------------
+    def _settings(self, spec: RunSpec) -> dict:
+        opts = spec.get("provider_options")
+        url = opts.get("im_url", "")
+        if not url:
+            raise ConfigError("provider_options.im_url", url, "the IM REST endpoint, e.g. http://127.0.0.1:8800")
+        if not _URL_RE.fullmatch(url):
+            raise ConfigError("provider_options.im_url", url, "an http(s)://host[:port][/path] URL")
+        auth = opts.get("auth_file", "")
+        if not auth:
+            raise ConfigError("provider_options.auth_file", auth, "the path of an IM auth file")
+        path = Path(auth).expanduser()
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ConfigError("provider_options.auth_file", auth, "an existing, readable IM auth file")
+        timeout = opts.get("timeout", str(DEFAULT_TIMEOUT))
+        if not re.fullmatch(r"\d{1,6}", timeout) or not 10 <= int(timeout) <= 86400:
+            raise ConfigError("provider_options.timeout", timeout, "seconds, an integer from 10 to 86400")
+        return {"im_url": url.rstrip("/"), "auth_file": str(path.resolve()),
+                "adopt_local": _truthy("provider_options.adopt_local", opts.get("adopt_local", "")),
+                "timeout": int(timeout)}
+
+    def check(self, spec: RunSpec) -> None:
+        super().check(spec)
+        s = self._settings(spec)
+        path = Path(s["auth_file"])
+        types = auth_types(path)
+        if "InfrastructureManager" not in types:
+            raise ConfigError("provider_options.auth_file", str(path),
+                              "an auth file with a 'type = InfrastructureManager' line (IM's own credentials)")
+        if s["adopt_local"]:
+            if "DeployedNode" not in types:
+                raise ConfigError("provider_options.auth_file", str(path),
+                                  "an auth file with a 'type = DeployedNode' line (adopt_local)")
+            LocalProvider(self.state).check(_local_spec(spec))  # gpus, subnet: local nodes' rules
+            placeholder = [radl_render.AdoptedNode(f"{spec.cluster}-{r}-{i}", r, i, f"192.0.2.{n + 1}")
+                           for n, (r, i) in enumerate((r, i) for r in ROLES for i in range(spec.count(r)))]
+            radl_render.render(spec, adopted=placeholder, credentials=radl_render.Credentials("root"))
+        else:
+            if not spec.get("network.allowed_ssh_cidrs"):
+                raise ConfigError("network.allowed_ssh_cidrs", [], "at least one IPv4 CIDR that may reach SSH on "
+                                  "provider im (e.g. this controller's public address/32): nothing is open by default")
+            user = spec.get("ssh.user") or radl_render.DEFAULT_CLOUD_USER
+            radl_render.render(spec, credentials=radl_render.Credentials(user))
+
+    # -- state ------------------------------------------------------------------------------------
+    def _record(self) -> dict:
+        try:
+            return json.loads(self.record_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _write_record(self, rec: dict) -> None:
+        self.state.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.record_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec, indent=2) + "\n")
+        tmp.replace(self.record_path)
+
+    def _spec_options(self) -> dict:
+        try:
+            return json.loads(self.state.spec.read_text()).get("provider_options", {})
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def _adopt_local(self) -> bool:
+        rec = self._record()
+        if "adopt_local" in rec:
+            return bool(rec["adopt_local"])
+        opts = self._spec_options()
+        if "adopt_local" in opts:
+            return str(opts["adopt_local"]).lower() in ("true", "yes", "1")
+        return self.state.terraform_dir.exists() or self.state.node_root.exists()
+
+    def _client(self, rec: dict) -> ImClient:
+        try:
+            return ImClient(rec["im_url"], Path(rec["auth_file"]))
+        except (OSError, KeyError) as exc:
+            raise ProvisionError(f"cannot talk to IM for {self.record_path}: {exc.__class__.__name__}: "
+                                 f"{exc}") from None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def up(self, spec: RunSpec, public_key: str) -> list[Node]:
+        s = self._settings(spec)
+        client = ImClient(s["im_url"], Path(s["auth_file"]))
+        say(f"IM {client.version()} at {s['im_url']}")
+        adopted = None
+        if s["adopt_local"]:
+            local_nodes = LocalProvider(self.state).up(_local_spec(spec), public_key)
+            adopted = [radl_render.AdoptedNode(n.name, n.role, n.index, n.private_ip) for n in local_nodes]
+            user = "root"
+        else:
+            user = spec.get("ssh.user") or radl_render.DEFAULT_CLOUD_USER
+        private_key = self.state.ssh_key.read_text()
+        if not private_key.endswith("\n"):
+            private_key += "\n"
+        rec = self._record()
+        if rec.get("inf_id") and self._reusable(client, rec, spec):
+            say(f"IM infrastructure {rec['inf_id']} already provides this cluster")
+            return self._wait_and_read(client, rec["inf_id"], spec, s["timeout"], adopted)
+        if rec.get("inf_id") or rec.get("token"):
+            self.down_im(quiet=True)
+        token = secrets.token_hex(8)
+        radl = radl_render.render(spec, adopted=adopted, token=token,
+                                  credentials=radl_render.Credentials(user, public_key, private_key))
+        rec = {"cluster": spec.cluster, "im_url": s["im_url"], "auth_file": s["auth_file"],
+               "adopt_local": s["adopt_local"], "timeout": s["timeout"], "token": token, "inf_id": None,
+               "created": time.time()}
+        self._write_record(rec)  # before IM creates anything: down can find it by its token
+        inf_id = client.create(radl)
+        del radl, private_key
+        rec["inf_id"] = inf_id
+        self._write_record(rec)
+        say(f"IM infrastructure {inf_id}: submitted, {spec.node_total} nodes"
+            + (" (adopting the local nodes)" if adopted else ""))
+        return self._wait_and_read(client, inf_id, spec, s["timeout"], adopted)
+
+    def _reusable(self, client: ImClient, rec: dict, spec: RunSpec) -> bool:
+        try:
+            if rec["inf_id"] not in client.list_ids():
+                return False
+            return len(client.vm_ids(rec["inf_id"])) == spec.node_total and rec.get("adopt_local") == \
+                _truthy("adopt_local", spec.get("provider_options").get("adopt_local", ""))
+        except ProvisionError:
+            return False
+
+    def _wait_and_read(self, client: ImClient, inf_id: str, spec: RunSpec, timeout: int,
+                       adopted: list[radl_render.AdoptedNode] | None) -> list[Node]:
+        start = time.monotonic()
+        last, last_print = "", 0.0
+        while True:
+            st = client.state(inf_id)
+            state = st.get("state", "unknown")
+            counts: dict[str, int] = {}
+            for vm_state in (st.get("vm_states") or {}).values():
+                counts[vm_state] = counts.get(vm_state, 0) + 1
+            line = f"IM infrastructure {inf_id}: {state}; VMs: " + \
+                (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none yet")
+            elapsed = time.monotonic() - start
+            if line != last or elapsed - last_print >= 30:
+                print(f"  {line} ({elapsed:.0f}s)", flush=True)
+                last, last_print = line, elapsed
+            if state == "configured":
+                break
+            if state in _FAILED:
+                msg = client.contmsg(inf_id).strip().splitlines()[-15:]
+                raise ProvisionError(f"IM infrastructure {inf_id} is {state}:\n  " + "\n  ".join(msg))
+            if elapsed > timeout:
+                raise ProvisionError(f"IM infrastructure {inf_id} not configured after {timeout}s (state {state}); "
+                                     f"see 'im_client getcontmsg {inf_id}'")
+            time.sleep(POLL_S)
+        vms = [(vm_id, client.vm_info(inf_id, vm_id)) for vm_id in client.vm_ids(inf_id)]
+        nodes = nodes_from_vms(spec.cluster, vms, {r: spec.get(f"nodes.{r}.gpus") for r in ROLES})
+        want = {r: spec.count(r) for r in ROLES}
+        got = {r: sum(1 for n in nodes if n.role == r) for r in ROLES}
+        if got != want:
+            raise ProvisionError(f"IM infrastructure {inf_id} has {got} nodes per role; the configuration asks "
+                                 f"for {want}")
+        if adopted:
+            wanted = {(a.role, a.index): a.ip for a in adopted}
+            for n in nodes:
+                if wanted.get((n.role, n.index)) != n.private_ip:
+                    raise ProvisionError(f"IM reports {n.name} at {n.private_ip}; the adopted node is at "
+                                         f"{wanted.get((n.role, n.index))}")
+        rec = self._record()
+        rec["vms"] = {vm_id: n.name for (vm_id, _), n in zip(vms, nodes, strict=False)}
+        self._write_record(rec)
+        return nodes
+
+    def _find_by_token(self, client: ImClient, token: str, cluster: str) -> list[str]:
+        """Infrastructures of this IM user whose RADL carries this state's token (an interrupted up)."""
+        found = []
+        for inf_id in client.list_ids():
+            try:
+                text = client.radl(inf_id)
+            except ProvisionError:
+                continue
+            if f"tfcluster_token = '{token}'" in text and f"tfcluster_cluster = '{cluster}'" in text:
+                found.append(inf_id)
+        return found
+
+    def down_im(self, quiet: bool = False) -> None:
+        """Destroy the recorded IM infrastructure (or the one the token finds); forget it once IM has."""
+        rec = self._record()
+        if not rec:
+            return
+        client = self._client(rec)
+        ids = [rec["inf_id"]] if rec.get("inf_id") else \
+            self._find_by_token(client, rec.get("token", ""), rec.get("cluster", self.state.cluster))
+        for inf_id in ids:
+            start = time.monotonic()
+            gone_already = not client.destroy(inf_id, timeout=max(self._timeout(rec), 60))
+            if not quiet:
+                say(f"IM infrastructure {inf_id}: " + ("already gone" if gone_already else
+                                                        f"destroyed in {time.monotonic() - start:.1f}s"))
+        still = [i for i in ids if i in client.list_ids()]
+        if still:
+            raise ProvisionError(f"IM still lists infrastructure {', '.join(still)} after destroy")
+        self.record_path.unlink(missing_ok=True)
+
+    @staticmethod
+    def _timeout(rec: dict) -> int:
+        return int(rec.get("timeout", DEFAULT_TIMEOUT))
+
+    def down(self) -> None:
+        adopt = self._adopt_local()
+        errors = []
+        try:
+            self.down_im()
+        except TfclusterError as exc:
+            errors.append(str(exc))
+        if adopt:
+            try:
+                LocalProvider(self.state).down()
+            except TfclusterError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise ProvisionError("; ".join(errors))
+
+    def force_cleanup(self) -> None:
+        if self._record():
+            try:
+                self.down_im(quiet=True)
+            except TfclusterError:
+                pass  # leftovers() reports it
+        if self._adopt_local():
+            LocalProvider(self.state).force_cleanup()
+
+    def leftovers(self) -> list[str]:
+        found = []
+        rec = self._record()
+        if rec:
+            what = f"IM infrastructure {rec.get('inf_id') or '(id not recorded, token ' + rec.get('token', '?') + ')'}"
+            try:
+                client = self._client(rec)
+                if rec.get("inf_id"):
+                    if rec["inf_id"] in client.list_ids():
+                        found.append(f"{what} still listed by IM at {rec['im_url']}")
+                elif self._find_by_token(client, rec.get("token", ""), rec.get("cluster", self.state.cluster)):
+                    found.append(f"{what} still listed by IM at {rec['im_url']}")
+            except TfclusterError as exc:
+                found.append(f"{what} recorded in {self.record_path}; IM could not be asked: {exc}")
+        if self._adopt_local():
+            found += LocalProvider(self.state).leftovers()
+        return found
+
+    def wheelhouse_host(self, spec: RunSpec) -> str | None:
+        if _truthy("provider_options.adopt_local", spec.get("provider_options").get("adopt_local", "")):
+            return LocalProvider(self.state).wheelhouse_host(_local_spec(spec))
+        return None  # cloud nodes get the wheelhouse copied by Ansible
+
+
+def say(msg: str) -> None:
+    print(f"==> {msg}", flush=True)
