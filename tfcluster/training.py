@@ -58,8 +58,13 @@ def harness():
 
 
 def model_name(spec: RunSpec) -> str:
+    return model_path(spec).stem
+
+
+def model_path(spec: RunSpec) -> Path:
+    """The model module's file: a bundled model in train/models/, or the user's .py file."""
     model = spec.get("training.model")
-    return Path(model).stem if model.endswith(".py") else model
+    return Path(model) if model.endswith(".py") else TRAIN_DIR / "models" / f"{model}.py"
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -240,9 +245,7 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
     s3 = store.client(spec)
     with phase("dataset"):
         info = harness().data.ensure_dataset(s3, spec.get("storage.bucket"), settings["s3"]["dataset_prefix"],
-                                             str(TRAIN_DIR / "models" / f"{model_name(spec)}.py")
-                                             if not spec.get("training.model").endswith(".py")
-                                             else spec.get("training.model"))
+                                             str(model_path(spec)))
         say(f"dataset s3://{spec.get('storage.bucket')}/{settings['s3']['dataset_prefix']}/ "
             + ("uploaded" if info["uploaded"] else "already there"))
     run = {"run_id": run_id, "state": "started", "started": time.time(), "steps": settings["steps"],
