@@ -170,5 +170,5 @@ def down(cluster: str, provider_name: str | None = None) -> None:
     kept = sorted(p.name for p in state.dir.iterdir()) if state.exists() else []
     if state.exists() and not kept:
         state.dir.rmdir()
-    say(f"cluster {cluster} is down: no node, namespace, bridge or node process remains"
+    say(f"cluster {cluster} is down: {provider.gone}"
         + (f" (kept: {', '.join(kept)} in {state.dir})" if kept else ""))

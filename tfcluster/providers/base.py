@@ -61,6 +61,8 @@ class Provider(ABC):
     unsupported: ClassVar[dict[str, str]] = {}
     #: the keys this provider accepts in the configuration's provider_options, with their meaning
     options: ClassVar[dict[str, str]] = {}
+    #: what `down` proved gone, in the words of this provider
+    gone: ClassVar[str] = "no node or cloud resource of it remains"
 
     def __init__(self, state: ClusterState):
         self.state = state

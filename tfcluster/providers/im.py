@@ -227,7 +227,6 @@ def _local_spec(spec: RunSpec) -> RunSpec:
 @register
 class ImProvider(Provider):
     name = "im"
-    unsupported = {"spot": "IM's RADL has a spot flag per connector only; not wired up here"}
     options = {
         "im_url": "IM REST endpoint, e.g. https://im.example.org:8800 (required)",
         "auth_file": "IM auth file, one credential per line (required; must exist and be readable; its content "
@@ -327,10 +326,13 @@ class ImProvider(Provider):
         client = ImClient(s["im_url"], Path(s["auth_file"]))
         say(f"IM {client.version()} at {s['im_url']}")
         adopted = None
+        options = dict(spec.get("provider_options"))
         if s["adopt_local"]:
             local_nodes = LocalProvider(self.state).up(_local_spec(spec), public_key)
             adopted = [radl_render.AdoptedNode(n.name, n.role, n.index, n.private_ip) for n in local_nodes]
             user = "root"
+            # the adopted systems go to the DeployedNode credential, whatever else the auth file holds
+            options.setdefault("cloud_id", (auth_ids(Path(s["auth_file"]), "DeployedNode") or [""])[0])
         else:
             user = spec.get("ssh.user") or radl_render.DEFAULT_CLOUD_USER
         private_key = self.state.ssh_key.read_text()
@@ -343,7 +345,7 @@ class ImProvider(Provider):
         if rec.get("inf_id") or rec.get("token"):
             self.down_im(quiet=True)
         token = secrets.token_hex(8)
-        radl = radl_render.render(spec, adopted=adopted, token=token,
+        radl = radl_render.render(spec, options, adopted=adopted, token=token,
                                   credentials=radl_render.Credentials(user, public_key, private_key))
         rec = {"cluster": spec.cluster, "im_url": s["im_url"], "auth_file": s["auth_file"],
                "adopt_local": s["adopt_local"], "timeout": s["timeout"], "token": token, "inf_id": None,

@@ -39,6 +39,7 @@ def _routes() -> list[tuple[str, str]]:
 @register
 class LocalProvider(TerraformProvider):
     name = "local"
+    gone = "no node, namespace, bridge or node process remains"
     unsupported = {"gpus": "local nodes share this machine and have no GPUs",
                    "spot": "there is no market for namespaces"}
 

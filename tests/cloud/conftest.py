@@ -1,0 +1,106 @@
+"""Cloud provider tests: a private AWS API emulator (moto) on loopback, and an environment that can only
+reach it (dummy credentials, no profile files, no instance metadata)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+MIRROR = Path(os.environ.get("TFCLUSTER_TF_PLUGIN_MIRROR", "/opt/tf-plugins"))
+AWS_PLUGIN = MIRROR / "registry.terraform.io" / "hashicorp" / "aws"
+
+#: a stand-in for Canonical's Ubuntu 22.04 image, so the module's own aws_ami lookup runs against moto
+UBUNTU_AMI = "ami-0a1b2c3d4e5f60718"
+_AMIS = [{
+    "ami_id": UBUNTU_AMI, "state": "available", "public": True, "owner_id": "099720109477",
+    "image_location": "amazon/ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20250101",
+    "sriov": "simple", "root_device_type": "ebs", "root_device_name": "/dev/sda1",
+    "description": "Canonical, Ubuntu, 22.04 LTS, amd64 jammy image", "image_type": "machine", "platform": None,
+    "architecture": "x86_64", "name": "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20250101",
+    "virtualization_type": "hvm", "hypervisor": "xen", "creation_date": "2025-01-01T00:00:00.000Z",
+}]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_store():
+    """These tests talk to their own emulator only: they do not need the local S3 store of tests/conftest.py."""
+    yield
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(tmp_path_factory):
+    """moto_server on 127.0.0.1:<free port>; stopped at the end, also when a test failed."""
+    work = tmp_path_factory.mktemp("moto")
+    amis = work / "amis.json"
+    amis.write_text(json.dumps(_AMIS))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(work / "moto.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, MOTO_AMIS_PATH=str(amis)))
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                        f"{url}/moto-api/", timeout=2).close()
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError("moto_server did not start: "
+                                           + (work / "moto.log").read_text()[-2000:]) from None
+                    time.sleep(0.2)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def aws_env(tmp_path_factory):
+    """Dummy credentials in the environment (Terraform and boto3 read it); nothing else can be used."""
+    empty = tmp_path_factory.mktemp("aws-home")
+    values = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": str(empty / "config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(empty / "credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+    }
+    removed = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ROLE_ARN",
+               "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ENDPOINT_URL")
+    saved = {k: os.environ.get(k) for k in (*values, *removed)}
+    os.environ.update(values)
+    for k in removed:
+        os.environ.pop(k, None)
+    try:
+        yield values
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

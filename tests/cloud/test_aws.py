@@ -1,0 +1,319 @@
+"""The aws provider: its checks, the module's validation, and a real apply/inspect/destroy against moto.
+
+The Terraform tests use the hashicorp/aws provider from the plugin mirror and an AWS API emulator
+(moto_server on loopback, see conftest.py); they are skipped where the mirror lacks the provider.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cloud.conftest import AWS_PLUGIN, UBUNTU_AMI
+from tests.unit.test_terraform_interface import SHARED_INPUTS
+from tfcluster.config import resolve
+from tfcluster.errors import EXIT_USAGE, ConfigError
+from tfcluster.paths import TERRAFORM_DIR, ClusterState
+from tfcluster.providers.aws import AwsProvider
+from tfcluster.providers.base import REGISTRY
+from tfcluster.terraform import TERRAFORM_BIN, TerraformModule
+
+CLUSTER = "tfct-aws"
+ROLE_NAME = f"tfcluster-{CLUSTER}-us-east-1"
+#: a recognisable dummy secret: it must not appear in any file tfcluster or Terraform writes
+SECRET = "tfct-dummy-secret-9f3a1c"
+
+needs_aws_plugin = pytest.mark.skipif(
+    not AWS_PLUGIN.is_dir(),
+    reason=f"no hashicorp/aws provider in the Terraform plugin mirror ({AWS_PLUGIN} is absent)")
+
+
+def aws_spec(endpoint: str | None = None, options: dict | None = None, **overrides):
+    opts = {"region": "us-east-1", **(options or {})}
+    if endpoint:
+        opts["endpoint"] = endpoint
+    values = {
+        "cluster": CLUSTER,
+        "provider": "aws",
+        "nodes.ps.count": 1,
+        "nodes.worker.count": 2,
+        "nodes.chief.count": 1,
+        "network.allowed_ssh_cidrs": ["203.0.113.0/24"],
+        "provider_options": opts,
+    }
+    values.update(overrides)
+    return resolve(overrides=values)
+
+
+@pytest.fixture(scope="module")
+def public_key(tmp_path_factory) -> str:
+    key = tmp_path_factory.mktemp("key") / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tfct", "-f", str(key)],
+                   check=True, timeout=30)
+    return key.with_suffix(".pub").read_text().strip()
+
+
+# -- the provider class, without Terraform ------------------------------------------------------
+
+def test_registered_with_shared_inputs_and_lazy_sdk(tmp_path):
+    assert REGISTRY["aws"] is AwsProvider
+    inputs = AwsProvider(ClusterState("x", root=tmp_path)).inputs(aws_spec(), "ssh-ed25519 AAAA test")
+    assert set(inputs) == SHARED_INPUTS
+    res = subprocess.run([sys.executable, "-c", "import sys, tfcluster.providers.aws; print('boto3' in sys.modules)"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "False", res.stdout + res.stderr
+
+
+def test_region_defaults_to_the_buckets(tmp_path):
+    provider = AwsProvider(ClusterState("x", root=tmp_path))
+    spec = resolve(overrides={"provider": "aws", "storage.region": "eu-west-3",
+                              "network.allowed_ssh_cidrs": ["198.51.100.7/32"]})
+    provider.check(spec)
+    assert provider.provider_options(spec) == {"region": "eu-west-3"}
+    spec = aws_spec(options={"region": "us-west-2", "spot": True, "root_volume_gb": 80})
+    provider.check(spec)
+    assert provider.provider_options(spec) == {"region": "us-west-2", "spot": "true", "root_volume_gb": "80"}
+
+
+def test_check_refuses_empty_allowed_ssh_cidrs(tmp_path):
+    spec = aws_spec(**{"network.allowed_ssh_cidrs": []})
+    with pytest.raises(ConfigError) as err:
+        AwsProvider(ClusterState("x", root=tmp_path)).check(spec)
+    assert err.value.exit_code == EXIT_USAGE == 2
+    assert err.value.field == "network.allowed_ssh_cidrs"
+    assert "no open default" in err.value.allowed and "0.0.0.0/0" in err.value.allowed
+
+
+def test_check_refuses_unknown_option(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        AwsProvider(ClusterState("x", root=tmp_path)).check(aws_spec(options={"flavour": "large"}))
+    assert err.value.exit_code == 2
+    assert err.value.field == "provider_options.flavour"
+    assert "region" in err.value.allowed and "subnet_id" in err.value.allowed
+
+
+@pytest.mark.parametrize(("overrides", "field", "fragment"), [
+    ({"provider_options": {"spot": "maybe"}}, "provider_options.spot", '"true" or "false"'),
+    ({"provider_options": {"root_volume_gb": "4"}}, "provider_options.root_volume_gb", "8 to 16384"),
+    ({"provider_options": {"region": "moon-1"}}, "provider_options.region", "us-east-1"),
+    ({"provider_options": {"vpc_id": "vpc-0123456789abcdef0"}}, "provider_options.vpc_id", "subnet_id"),
+    ({"provider_options": {"subnet_id": "subnet-01234567", "vpc_cidr": "10.1.0.0/16"}},
+     "provider_options.vpc_cidr", "subnet_id"),
+    ({"provider_options": {"vpc_cidr": "10.1.0.0/8"}}, "provider_options.vpc_cidr", "/16 to /24"),
+    ({"provider_options": {"endpoint": "ftp://127.0.0.1:1"}}, "provider_options.endpoint", "http(s)://"),
+    ({"network.subnet": "10.9.9.0/24"}, "network.subnet", "subnet_id"),
+    ({"nodes.worker.image": "ubuntu-22.04"}, "nodes.worker.image", "AMI id"),
+    ({"nodes.ps.instance_type": "big"}, "nodes.ps.instance_type", "c6i.xlarge"),
+])
+def test_check_refuses_what_the_module_cannot_do(tmp_path, overrides, field, fragment):
+    with pytest.raises(ConfigError) as err:
+        AwsProvider(ClusterState("x", root=tmp_path)).check(aws_spec(**overrides))
+    assert err.value.exit_code == 2
+    assert err.value.field == field
+    assert fragment in err.value.allowed
+
+
+# -- the module under Terraform ------------------------------------------------------------------
+
+def _plan(tf: TerraformModule) -> str:
+    res = subprocess.run([TERRAFORM_BIN, "plan", "-input=false", "-no-color", "-lock=false"], cwd=tf.work_dir,
+                         env=dict(os.environ, **tf._env()), capture_output=True, text=True, timeout=150)
+    assert res.returncode != 0, "plan should have been refused:\n" + res.stdout[-3000:]
+    return " ".join((res.stdout + res.stderr).split())  # undo Terraform's line wrapping
+
+
+@needs_aws_plugin
+def test_module_refuses_bad_values_before_creating_anything(tmp_path, moto_endpoint, aws_env, public_key):
+    provider = AwsProvider(ClusterState("tfct-bad", root=tmp_path))
+    tf = provider.module()
+    inputs = provider.inputs(aws_spec(moto_endpoint, cluster="tfct-bad"), public_key)
+    inputs.update(tf_port=80, allowed_ssh_cidrs=[])
+    inputs["provider_options"]["spot"] = "maybe"
+    tf.write_root(inputs)
+    tf.init()
+    out = _plan(tf)
+    assert "tf_port: a whole number from 1024 to 65535." in out
+    assert "allowed_ssh_cidrs: at least one network must be listed" in out and "0.0.0.0/0" in out
+    assert 'provider_options.spot and provider_options.associate_public_ip: "true" or "false".' in out
+
+    # a GPU count the instance type cannot give: the precondition reads the type from the EC2 API
+    spec = aws_spec(moto_endpoint, cluster="tfct-bad", **{"nodes.worker.gpus": 1,
+                                                          "nodes.worker.instance_type": "c6i.large"})
+    tf.write_root(provider.inputs(spec, public_key))
+    assert "gpus.worker = 1 needs an instance type with at least that many GPUs; c6i.large has 0" in _plan(tf)
+    assert not tf.has_resources()
+
+
+@needs_aws_plugin
+def test_example_validates(tmp_path):
+    shutil.copytree(TERRAFORM_DIR / "aws", tmp_path / "aws", ignore=shutil.ignore_patterns(".terraform*"))
+    work = tmp_path / "aws" / "examples" / "minimal"
+    env = dict(os.environ, **TerraformModule(work, work)._env())
+    for cmd in (["init", "-backend=false", "-input=false", "-no-color"], ["validate", "-no-color"]):
+        res = subprocess.run([TERRAFORM_BIN, *cmd], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _tags(items) -> dict:
+    return {t["Key"]: t["Value"] for t in items or []}
+
+
+@needs_aws_plugin
+def test_up_inspect_down(tmp_path, moto_endpoint, aws_env, public_key, monkeypatch):
+    import boto3
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    kw = {"endpoint_url": moto_endpoint, "region_name": "us-east-1"}
+    ec2, iam = boto3.client("ec2", **kw), boto3.client("iam", **kw)
+    spec = aws_spec(moto_endpoint, options={"spot": "true", "root_volume_gb": "20"},
+                    **{"nodes.worker.instance_type": "c6i.large", "max_runtime_minutes": 45,
+                       "storage.bucket": "tfct-bucket", "storage.prefix": "team/runs"})
+    state = ClusterState(CLUSTER, root=tmp_path)
+    provider = AwsProvider(state)
+    provider.check(spec)
+    alive = {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}
+    ours = {"Name": "tag:tfcluster:cluster", "Values": [CLUSTER]}
+    t0 = time.monotonic()
+    try:
+        nodes = provider.up(spec, public_key)
+        t_up = time.monotonic() - t0
+
+        # the shared node records
+        assert [(n.role, n.index) for n in nodes] == [("ps", 0), ("worker", 0), ("worker", 1), ("chief", 0)]
+        subnet = ipaddress.ip_network("10.42.0.0/24")
+        for n in nodes:
+            assert n.name == f"{CLUSTER}-{n.role}-{n.index}"
+            assert ipaddress.ip_address(n.private_ip) in subnet
+            assert ipaddress.ip_address(n.public_ip) not in subnet
+            assert (n.ssh_user, n.ssh_port, n.gpus) == ("ubuntu", 22, 0)
+        assert len({n.private_ip for n in nodes}) == 4
+
+        # the instances: counts and types per role, tags, image, key, role, spot, shutdown, user data
+        instances = [i for r in ec2.describe_instances(Filters=[ours, alive])["Reservations"] for i in r["Instances"]]
+        assert len(instances) == 4
+        by_name = {_tags(i["Tags"])["Name"]: i for i in instances}
+        assert set(by_name) == {n.name for n in nodes}
+        types = {"ps": "m6i.large", "worker": "c6i.large", "chief": "m6i.large"}
+        group_ids = set()
+        for n in nodes:
+            inst = by_name[n.name]
+            tags = _tags(inst["Tags"])
+            assert tags["tfcluster:cluster"] == CLUSTER and tags["tfcluster:role"] == n.role
+            assert tags["tfcluster:index"] == str(n.index)
+            assert inst["InstanceType"] == types[n.role]
+            assert inst["PrivateIpAddress"] == n.private_ip
+            assert inst["ImageId"] == UBUNTU_AMI  # found by the module's Ubuntu 22.04 lookup
+            assert inst["KeyName"] == f"tfcluster-{CLUSTER}"
+            assert inst["IamInstanceProfile"]["Arn"].endswith(f":instance-profile/{ROLE_NAME}")
+            assert inst.get("InstanceLifecycle") == "spot"
+            assert inst["MetadataOptions"]["HttpTokens"] == "required"
+            group_ids |= {g["GroupId"] for eni in inst["NetworkInterfaces"] for g in eni["Groups"]}
+            attr = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"],
+                                                   Attribute="instanceInitiatedShutdownBehavior")
+            assert attr["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+            data = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
+            user_data = base64.b64decode(data["UserData"]["Value"]).decode()
+            assert user_data.startswith("#!/bin/sh\n")
+            assert "\nshutdown -h +45 " in user_data
+            assert SECRET not in user_data and "AWS_SECRET" not in user_data
+            root = ec2.describe_volumes(Filters=[{"Name": "attachment.instance-id",
+                                                  "Values": [inst["InstanceId"]]}])["Volumes"]
+            assert [(v["Size"], v["Encrypted"], _tags(v["Tags"]).get("tfcluster:cluster")) for v in root] == \
+                [(20, True, CLUSTER)]
+
+        # the security group: SSH only from allowed_ssh_cidrs, the TF port only from the group itself
+        assert len(group_ids) == 1
+        sg = ec2.describe_security_groups(GroupIds=list(group_ids))["SecurityGroups"][0]
+        assert sg["GroupName"] == f"tfcluster-{CLUSTER}"
+        assert _tags(sg["Tags"])["tfcluster:cluster"] == CLUSTER
+        ingress = {(p["IpProtocol"], p.get("FromPort"), p.get("ToPort")): p for p in sg["IpPermissions"]}
+        assert set(ingress) == {("tcp", 22, 22), ("tcp", 2222, 2222)}
+        ssh, grpc = ingress[("tcp", 22, 22)], ingress[("tcp", 2222, 2222)]
+        assert [r["CidrIp"] for r in ssh["IpRanges"]] == ["203.0.113.0/24"]
+        assert not ssh["Ipv6Ranges"] and not ssh["UserIdGroupPairs"] and not ssh["PrefixListIds"]
+        assert [g["GroupId"] for g in grpc["UserIdGroupPairs"]] == [sg["GroupId"]]
+        assert not grpc["IpRanges"] and not grpc["Ipv6Ranges"] and not grpc["PrefixListIds"]
+        for perm in sg["IpPermissions"]:
+            assert "0.0.0.0/0" not in {r["CidrIp"] for r in perm["IpRanges"]}
+            assert "::/0" not in {r["CidrIpv6"] for r in perm["Ipv6Ranges"]}
+
+        # the network, the key pair: tagged
+        (vpc,) = ec2.describe_vpcs(Filters=[ours])["Vpcs"]
+        assert vpc["CidrBlock"] == "10.42.0.0/16" and sg["VpcId"] == vpc["VpcId"]
+        assert ec2.describe_subnets(Filters=[ours])["Subnets"][0]["CidrBlock"] == "10.42.0.0/24"
+        assert ec2.describe_internet_gateways(Filters=[ours])["InternetGateways"]
+        (kp,) = ec2.describe_key_pairs(KeyNames=[f"tfcluster-{CLUSTER}"])["KeyPairs"]
+        assert _tags(kp["Tags"])["tfcluster:cluster"] == CLUSTER
+
+        # the instance role: assumable by EC2 only, one inline policy limited to the run's prefix
+        role = iam.get_role(RoleName=ROLE_NAME)["Role"]
+        assert _tags(role["Tags"])["tfcluster:cluster"] == CLUSTER
+        trust = role["AssumeRolePolicyDocument"]
+        trust = json.loads(trust) if isinstance(trust, str) else trust
+        assert [s["Principal"] for s in trust["Statement"]] == [{"Service": "ec2.amazonaws.com"}]
+        assert iam.list_attached_role_policies(RoleName=ROLE_NAME)["AttachedPolicies"] == []
+        assert iam.list_role_policies(RoleName=ROLE_NAME)["PolicyNames"] == ["tfcluster-run-data"]
+        doc = iam.get_role_policy(RoleName=ROLE_NAME, PolicyName="tfcluster-run-data")["PolicyDocument"]
+        doc = json.loads(doc) if isinstance(doc, str) else doc
+        statements = {s["Sid"]: s for s in doc["Statement"]}
+        assert set(statements) == {"RunObjects", "ListRunPrefixes"}
+        objects, listing = statements["RunObjects"], statements["ListRunPrefixes"]
+        assert all(s["Effect"] == "Allow" for s in statements.values())
+        assert sorted(objects["Action"]) == ["s3:DeleteObject", "s3:GetObject", "s3:PutObject"]
+        assert sorted(objects["Resource"]) == ["arn:aws:s3:::tfct-bucket/datasets/*",
+                                               "arn:aws:s3:::tfct-bucket/team/runs/*"]
+        assert listing["Action"] == "s3:ListBucket" and listing["Resource"] == "arn:aws:s3:::tfct-bucket"
+        assert sorted(listing["Condition"]["StringLike"]["s3:prefix"]) == ["datasets/*", "team/runs/*"]
+        profile = iam.get_instance_profile(InstanceProfileName=ROLE_NAME)["InstanceProfile"]
+        assert [r["RoleName"] for r in profile["Roles"]] == [ROLE_NAME]
+
+        # no credential in anything tfcluster or Terraform wrote
+        for path in state.dir.rglob("*"):
+            if path.is_file() and ".terraform" not in path.parts:
+                assert SECRET.encode() not in path.read_bytes(), path
+    finally:
+        t1 = time.monotonic()
+        provider.down()
+        t_down = time.monotonic() - t1
+
+    # nothing left: no instance alive, no group, key pair, VPC, role or profile
+    assert not [i for r in ec2.describe_instances(Filters=[ours, alive])["Reservations"] for i in r["Instances"]]
+    assert not ec2.describe_security_groups(Filters=[{"Name": "group-name",
+                                                      "Values": [f"tfcluster-{CLUSTER}"]}])["SecurityGroups"]
+    assert not ec2.describe_key_pairs(Filters=[{"Name": "key-name", "Values": [f"tfcluster-{CLUSTER}"]}])["KeyPairs"]
+    assert not ec2.describe_vpcs(Filters=[ours])["Vpcs"]
+    for call, key in ((iam.get_role, "RoleName"), (iam.get_instance_profile, "InstanceProfileName")):
+        with pytest.raises(iam.exceptions.NoSuchEntityException):
+            call(**{key: ROLE_NAME})
+    assert provider.leftovers() == []
+    print(f"\naws on moto: up {t_up:.1f}s, down {t_down:.1f}s")
+
+
+@needs_aws_plugin
+def test_leftovers_names_what_is_still_there(tmp_path, moto_endpoint, aws_env):
+    """``down`` proves the cloud is empty: a tagged instance left behind (e.g. after lost state) is named."""
+    import boto3
+
+    ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1")
+    state = ClusterState("tfct-left", root=tmp_path)
+    provider = AwsProvider(state)
+    assert provider.leftovers() == []  # no root written: nothing was ever created
+    provider.module().write_root(provider.inputs(aws_spec(moto_endpoint, cluster="tfct-left"), "ssh-ed25519 AAAA x"))
+    assert provider.leftovers() == []
+    inst = ec2.run_instances(ImageId=UBUNTU_AMI, MinCount=1, MaxCount=1, TagSpecifications=[{
+        "ResourceType": "instance", "Tags": [{"Key": "tfcluster:cluster", "Value": "tfct-left"}]}])["Instances"][0]
+    try:
+        assert provider.leftovers() == [f"instance {inst['InstanceId']} (running)"]
+    finally:
+        ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
+    assert provider.leftovers() == []
+    assert Path(state.terraform_dir / "main.tf.json").exists()

@@ -1,0 +1,329 @@
+"""RADL for the Infrastructure Manager: rendered from a RunSpec with ``radl/cluster.radl.j2``, then validated.
+
+Every value that reaches the document is checked first against what RADL can carry safely (an image URL
+with a quote or a newline, a memory size that is not a number with a unit, ...): a bad one raises
+:class:`~tfcluster.errors.ConfigError` naming the field, before anything is sent to IM. The rendered text
+must then pass the ``radl`` parser's ``parse_radl`` and ``check()``, exactly as IM runs them.
+
+Two kinds of systems:
+
+* cloud (the default): one ``system`` per role (``ps``, ``worker``, ``chief``) with ``deploy <role> <count>``,
+  its image, cpu, memory, GPUs and instance type from the configuration, attached to the public network
+  (SSH only) and the private one;
+* adopted (``adopt_local``): one ``system`` per existing node (``ps_0``, ``worker_1``, ...) naming its
+  address and credentials, for IM's ``DeployedNode`` connector.
+
+Private key text is only ever held in memory: :func:`render` returns it inside the document, and the
+caller sends it to IM without writing it anywhere. ``python -m tfcluster.radl_render --config FILE``
+prints the document an operator can give to ``im_client create`` (without keys; IM makes its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from .config import ROLES, RunSpec
+from .errors import ConfigError, ProvisionError
+from .paths import REPO
+from .wheelhouse import package_for
+
+RADL_DIR = REPO / "radl"
+TEMPLATE = "cluster.radl.j2"
+PROJECT_ROLES = ("common", "tensorflow", "tf_node")
+CONTEXTUALIZE_MODES = ("tfcluster", "im")
+
+DEFAULT_CPU = 2
+DEFAULT_MEMORY = "4G"
+#: IM's default administrator user on cloud images (IM creates it when the image has none)
+DEFAULT_CLOUD_USER = "cloudadm"
+
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"\\,]+$")
+_HTTP_URL_RE = re.compile(r"^https?://[^\s'\"\\,|]+$")
+_MEMORY_RE = re.compile(r"^(\d{1,7})\s*(K|M|G|T|KB|MB|GB|TB|KI|MI|GI|TI|KIB|MIB|GIB|TIB)$", re.IGNORECASE)
+_INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_CLOUD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_BUNDLE_RE = re.compile(r"^[A-Za-z0-9_./-]{1,200}$")
+_PUBKEY_RE = re.compile(r"^(ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+) [A-Za-z0-9+/=]+( [A-Za-z0-9@._:+-]{0,100})?$")
+_KEY_BODY_RE = re.compile(r"^-----BEGIN [A-Z ]+-----\n[A-Za-z0-9+/=\n]+-----END [A-Z ]+-----\n$")
+
+#: the provider options radl rendering reads, with their meaning (tfcluster/providers/im.py adds its own)
+OPTIONS = {
+    "image_url": "disk.0.image.url of every node whose nodes.<role>.image is '' (e.g. ost://site/ID, "
+                 "one://server/ID, aws://region/ami-ID)",
+    "cpu": f"minimum vCPUs of every node (default {DEFAULT_CPU})",
+    "memory": f"minimum memory of every node, an integer with a unit such as 4096M or 8G (default {DEFAULT_MEMORY})",
+    **{f"{r}_cpu": f"minimum vCPUs of the {r} nodes (default: cpu)" for r in ROLES},
+    **{f"{r}_memory": f"minimum memory of the {r} nodes (default: memory)" for r in ROLES},
+    "cloud_id": "the id of the auth-file line to deploy to (deploy <system> <n> <cloud_id>); '' lets IM choose",
+    "roles_url": "for IM's own contextualization: base http(s) URL serving common.tar.gz, tensorflow.tar.gz and "
+                 "tf_node.tar.gz (the roles/ of this repository)",
+    "wheelhouse_url": "for IM's own contextualization: URL the nodes read the TensorFlow wheelhouse from",
+    "harness_bundle": "for IM's own contextualization: the harness bundle, a path on IM's Ansible master or a "
+                      "file of the tf_node role (default harness.tar.gz)",
+}
+
+
+@dataclass(frozen=True)
+class AdoptedNode:
+    """An existing host for IM's DeployedNode connector."""
+
+    name: str
+    role: str
+    index: int
+    ip: str
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """SSH access IM is told about. private_key is key text (ends with a newline), never a path."""
+
+    username: str
+    public_key: str = ""
+    private_key: str = ""
+
+    def __repr__(self) -> str:  # never print a key
+        return f"Credentials(username={self.username!r}, public_key=..., private_key=<{len(self.private_key)} chars>)"
+
+
+# -- value checks ---------------------------------------------------------------------------------
+def check_image_url(field: str, value: Any) -> str:
+    allowed = "a single image URL scheme://..., without spaces, quotes, backslashes or commas (e.g. ost://site/ID)"
+    if not isinstance(value, str) or not _URL_RE.fullmatch(value):
+        raise ConfigError(field, value, allowed)
+    return value
+
+
+def check_memory(field: str, value: Any) -> str:
+    """'8G', '4096M', '8 GiB' -> RADL '8G', '4096M', '8GIB'."""
+    allowed = "an integer with a unit (K, M, G, T, optionally with B or iB), e.g. 4096M or 8G"
+    m = _MEMORY_RE.fullmatch(str(value).strip()) if isinstance(value, str | int) else None
+    if not m or int(m.group(1)) < 1:
+        raise ConfigError(field, value, allowed)
+    return f"{int(m.group(1))}{m.group(2).upper()}"
+
+
+def check_cpu(field: str, value: Any) -> int:
+    allowed = "an integer from 1 to 1024"
+    text = str(value).strip()
+    if isinstance(value, bool) or not re.fullmatch(r"\d{1,4}", text) or not 1 <= int(text) <= 1024:
+        raise ConfigError(field, value, allowed)
+    return int(text)
+
+
+def check_instance_type(field: str, value: Any) -> str:
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or not _INSTANCE_RE.fullmatch(value):
+        raise ConfigError(field, value, "an instance type name: letters, digits, '.', '_', ':', '/', '-'")
+    return value
+
+
+def check_http_url(field: str, value: Any) -> str:
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or not _HTTP_URL_RE.fullmatch(value):
+        raise ConfigError(field, value, "an http(s):// URL without spaces, quotes, backslashes, commas or '|'")
+    return value.rstrip("/")
+
+
+def _check(pattern: re.Pattern, field: str, value: Any, allowed: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise ConfigError(field, value, allowed)
+    return value
+
+
+def outports(cidrs: list[str]) -> str:
+    """IM outports opening SSH (22/tcp) to each source CIDR; nothing else is opened."""
+    out = []
+    for cidr in cidrs:
+        try:
+            net = ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ConfigError("network.allowed_ssh_cidrs", cidr, "IPv4 CIDR blocks") from None
+        if net.version != 4:
+            raise ConfigError("network.allowed_ssh_cidrs", cidr, "IPv4 CIDR blocks (IM's outports take IPv4 only)")
+        out.append(f"{net}-22/tcp-22/tcp")
+    return ",".join(out) if out else "22/tcp-22/tcp"
+
+
+def _private_key(text: str) -> str:
+    # the key travels inside a single-quoted RADL string: only armour lines of base64 are accepted
+    if not text.endswith("\n") or not _KEY_BODY_RE.fullmatch(text):
+        raise ProvisionError("the run's SSH private key is not an unencrypted PEM/OpenSSH key text ending "
+                             "with a newline; remove .tfcluster/<cluster>/ssh/ and run up again")
+    return text
+
+
+# -- rendering -------------------------------------------------------------------------------------
+def _group_exprs(role: str, systems: list[str], tf_port: int) -> tuple[str, str]:
+    """Ansible expressions for IM's inventory (groups are system names): this host's index, the role's addresses."""
+    names = "[" + ", ".join(f"'{s}'" for s in systems) + "]"
+    hosts = f"({names} | map('extract', groups) | flatten)"
+    index = "{{ " + hosts + ".index(inventory_hostname) }}"
+    spec = ("{{ " + hosts + " | map('extract', hostvars, 'IM_NODE_PRIVATE_IP')"
+            f" | map('regex_replace', '$', ':{tf_port}') | list }}}}")
+    return index, spec
+
+
+def context(spec: RunSpec, options: dict[str, str] | None = None, *, adopted: list[AdoptedNode] | None = None,
+            credentials: Credentials | None = None, contextualize: str = "tfcluster", token: str = "") -> dict:
+    """The template's variables, every one checked (ConfigError names the configuration field)."""
+    opts = dict(spec.get("provider_options") if options is None else options)
+    if token and not re.fullmatch(r"[0-9a-f]{8,64}", token):
+        raise ProvisionError("the RADL token must be hex")
+    if contextualize not in CONTEXTUALIZE_MODES:
+        raise ConfigError("contextualize", contextualize, "one of " + ", ".join(CONTEXTUALIZE_MODES))
+    tf_port = spec.get("network.tf_port")
+    cpu = check_cpu("provider_options.cpu", opts.get("cpu", DEFAULT_CPU))
+    memory = check_memory("provider_options.memory", opts.get("memory", DEFAULT_MEMORY))
+    default_image = opts.get("image_url", "")
+    if default_image:
+        check_image_url("provider_options.image_url", default_image)
+    cloud_id = opts.get("cloud_id", "")
+    if cloud_id:
+        _check(_CLOUD_ID_RE, "provider_options.cloud_id", cloud_id, "an auth-file id: letters, digits, '_', '.', '-'")
+    user = ""
+    if credentials:
+        user = _check(_USER_RE, "ssh.user", credentials.username, "a Unix user name")
+        if credentials.public_key:
+            _check(_PUBKEY_RE, "ssh public key", credentials.public_key.strip(), "an OpenSSH public key line")
+        if credentials.private_key:
+            _private_key(credentials.private_key)
+
+    systems, roles = [], []
+    for role in ROLES:
+        count = spec.count(role)
+        if not count:
+            continue
+        role_cpu = check_cpu(f"provider_options.{role}_cpu", opts[f"{role}_cpu"]) if f"{role}_cpu" in opts else cpu
+        role_memory = (check_memory(f"provider_options.{role}_memory", opts[f"{role}_memory"])
+                       if f"{role}_memory" in opts else memory)
+        image = spec.get(f"nodes.{role}.image")
+        if image:
+            image = check_image_url(f"nodes.{role}.image", image)
+        else:
+            image = default_image
+        gpus = spec.get(f"nodes.{role}.gpus")
+        base = {"role": role, "cpu": role_cpu, "memory": role_memory, "gpus": gpus,
+                "instance_type": check_instance_type(f"nodes.{role}.instance_type",
+                                                     spec.get(f"nodes.{role}.instance_type")),
+                "ssh_user": user}
+        if adopted is None:
+            if not image:
+                raise ConfigError(f"nodes.{role}.image", "", "an image URL here or in provider_options.image_url "
+                                  "(IM needs disk.0.image.url for every system)")
+            members = [dict(base, name=role, count=count, ip="", image_url=image,
+                            hostname=f"{spec.cluster}-{role}-#N#",
+                            summary=f"{count} x {role}")]
+        else:
+            nodes = sorted((n for n in adopted if n.role == role), key=lambda n: n.index)
+            if len(nodes) != count:
+                raise ProvisionError(f"{len(nodes)} {role} nodes to adopt, the configuration asks for {count}")
+            members = []
+            for n in nodes:
+                try:
+                    ip = str(ipaddress.ip_address(n.ip))
+                except ValueError:
+                    raise ProvisionError(f"node {n.name} has no valid address ({n.ip!r})") from None
+                members.append(dict(base, name=f"{role}_{n.index}", count=1, ip=ip,
+                                    image_url=check_image_url(f"nodes.{role}.image", image or
+                                                              f"local://{spec.cluster}/{n.name}"),
+                                    hostname=n.name, summary=f"{n.name} (adopted, {ip})"))
+        systems += members
+        roles.append({"name": role, "systems": [m["name"] for m in members],
+                      "tensorflow_package": package_for(gpus)})
+    for r in roles:
+        r["index_expr"], r["spec_expr"] = _group_exprs(r["name"], r["systems"], tf_port)
+
+    total = sum(s["count"] for s in systems)
+    return {
+        "cluster": spec.cluster,
+        "token": token,
+        "summary": ", ".join(f"{spec.count(r)} {r}" for r in ROLES if spec.count(r)),
+        "systems": systems,
+        "roles": roles,
+        "project_roles": PROJECT_ROLES,
+        "node_total": total,
+        "outports": outports(spec.get("network.allowed_ssh_cidrs")),
+        "tf_port": tf_port,
+        "tensorflow_version": spec.get("tensorflow.version"),
+        "roles_url": check_http_url("provider_options.roles_url", opts.get("roles_url", "")),
+        "wheelhouse_url": check_http_url("provider_options.wheelhouse_url", opts.get("wheelhouse_url", "")),
+        "harness_bundle": _check(_BUNDLE_RE, "provider_options.harness_bundle",
+                                 opts.get("harness_bundle", "harness.tar.gz"), "a file path: letters, digits, "
+                                 "'_', '.', '/', '-'"),
+        "cloud_id": cloud_id,
+        "public_key": credentials.public_key.strip() if credentials and credentials.public_key else "",
+        "private_key": credentials.private_key if credentials else "",
+        "contextualize": contextualize,
+        "max_ctxt_time": 3600,
+    }
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(RADL_DIR)), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+
+
+def render(spec: RunSpec, options: dict[str, str] | None = None, *, adopted: list[AdoptedNode] | None = None,
+           credentials: Credentials | None = None, contextualize: str = "tfcluster", token: str = "",
+           template: str = TEMPLATE) -> str:
+    """The RADL document of the run, validated (see :func:`validate`). Keys stay in the returned string only."""
+    text = _environment().get_template(template).render(
+        **context(spec, options, adopted=adopted, credentials=credentials, contextualize=contextualize,
+                  token=token))
+    validate(text)
+    return text
+
+
+def validate(text: str):
+    """Parse and ``check()`` a RADL document as IM does; return the parsed RADL or raise ProvisionError."""
+    from radl.radl import RADLParseException
+    from radl.radl_parse import parse_radl
+
+    try:
+        parsed = parse_radl(text)
+        if parsed is None:
+            raise RADLParseException("empty document")
+        parsed.check()
+    except RADLParseException as exc:  # never echo the document: it may hold a key
+        raise ProvisionError(f"rendered RADL is invalid: {exc}") from None
+    return parsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the RADL for a cluster file (for ``im_client create``); no keys are included."""
+    from .config import load_file, resolve
+
+    parser = argparse.ArgumentParser(prog="python -m tfcluster.radl_render", description=main.__doc__)
+    parser.add_argument("-c", "--config", default="", help="cluster file (YAML) with provider: im")
+    parser.add_argument("--contextualize", choices=CONTEXTUALIZE_MODES, default="im",
+                        help="im: IM configures the nodes with the project's roles (default); "
+                             "tfcluster: empty contextualize, as tfcluster sends it")
+    args = parser.parse_args(argv)
+    try:
+        spec = resolve(load_file(args.config))
+        user = spec.get("ssh.user") or DEFAULT_CLOUD_USER
+        sys.stdout.write(render(spec, credentials=Credentials(user), contextualize=args.contextualize))
+        opts = spec.get("provider_options")
+        if args.contextualize == "im":
+            for key in ("roles_url", "wheelhouse_url"):
+                if not opts.get(key):
+                    print(f"radl_render: note: provider_options.{key} is empty; it is {OPTIONS[key]}",
+                          file=sys.stderr)
+    except (ConfigError, ProvisionError) as exc:
+        print(f"radl_render: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
