@@ -71,6 +71,7 @@ _OPTION_CHECKS = {
 @register
 class AwsProvider(TerraformProvider):
     name = "aws"
+    requires_ssh_cidrs = True
     options = {
         "region": "AWS region of the nodes (default: storage.region)",
         "vpc_id": "an existing VPC; needs subnet_id (only checked against the subnet's VPC)",
@@ -104,12 +105,6 @@ class AwsProvider(TerraformProvider):
                 if key in opts:
                     raise ConfigError(f"provider_options.{key}", opts[key],
                                       "nothing when provider_options.subnet_id is given (the subnet decides)")
-        cidrs = spec.get("network.allowed_ssh_cidrs")
-        if not cidrs:
-            raise ConfigError("network.allowed_ssh_cidrs", cidrs,
-                              "at least one network that may reach SSH, e.g. ['203.0.113.0/24'] (aws has no open "
-                              "default; SSH is open to the internet only if 0.0.0.0/0 or ::/0 is listed "
-                              "explicitly)")
         if spec.get("network.subnet") != "auto":
             raise ConfigError("network.subnet", spec.get("network.subnet"),
                               f"'auto' on aws ({self.unsupported['network.subnet']})")

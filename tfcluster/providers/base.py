@@ -101,6 +101,17 @@ class Provider(ABC):
 class TerraformProvider(Provider):
     """A provider backed by ``terraform/<name>/`` honouring the shared module interface."""
 
+    #: clouds: SSH must be limited to networks the user names (there is no open default)
+    requires_ssh_cidrs: ClassVar[bool] = False
+
+    def check(self, spec: RunSpec) -> None:
+        super().check(spec)
+        cidrs = spec.get("network.allowed_ssh_cidrs")
+        if self.requires_ssh_cidrs and not cidrs:
+            raise ConfigError("network.allowed_ssh_cidrs", cidrs,
+                              f"at least one network that may reach SSH, e.g. ['203.0.113.0/24'] ({self.name} has "
+                              "no open default; SSH is open to the internet only if 0.0.0.0/0 or ::/0 is listed)")
+
     def module(self) -> TerraformModule:
         return TerraformModule(TERRAFORM_DIR / self.name, self.state.terraform_dir)
 

@@ -62,12 +62,8 @@ _CHECKS: dict[str, tuple[Callable[[str], bool], str]] = {
 
 
 def require_ssh_sources(spec: RunSpec, provider: str, ipv4_only: bool) -> None:
-    """Clouds have no open default: SSH is reachable only from the networks the user names."""
+    """IPv4-only SSH sources and no root login (that there are sources at all, the base class checks)."""
     cidrs = spec.get("network.allowed_ssh_cidrs")
-    if not cidrs:
-        raise ConfigError("network.allowed_ssh_cidrs", cidrs,
-                          f"at least one CIDR block such as ['203.0.113.0/24'] on {provider} "
-                          "(who may reach SSH; there is no open default)")
     if ipv4_only:
         for cidr in cidrs:
             if ipaddress.ip_network(cidr, strict=False).version != 4:
@@ -83,6 +79,7 @@ class GcpProvider(TerraformProvider):
     """Compute Engine VMs with a tag-scoped firewall and a bucket-only service account."""
 
     name = "gcp"
+    requires_ssh_cidrs = True
     unsupported = {"ipv6": "the VMs get IPv4 addresses only, so SSH sources must be IPv4 CIDR blocks"}
     options = {
         "project": "GCP project id (required)",

@@ -227,6 +227,8 @@ def _local_spec(spec: RunSpec) -> RunSpec:
 @register
 class ImProvider(Provider):
     name = "im"
+    gone = ("IM no longer lists its infrastructure (with adopt_local, no local node, namespace, bridge or node "
+            "process remains either)")
     options = {
         "im_url": "IM REST endpoint, e.g. https://im.example.org:8800 (required)",
         "auth_file": "IM auth file, one credential per line (required; must exist and be readable; its content "

@@ -61,6 +61,7 @@ class OpenstackProvider(TerraformProvider):
     """Nova servers on ports that carry only the cluster's security group."""
 
     name = "openstack"
+    requires_ssh_cidrs = True
     unsupported = {
         "spot": "Nova has no spot or preemptible market",
         "run_limit": "OpenStack has no server-side run limit: nodes power themselves off at max_runtime_minutes "
@@ -93,11 +94,6 @@ class OpenstackProvider(TerraformProvider):
             raise ConfigError("provider_options.external_network", opts.get("external_network"),
                               "the name of the site's external network (required on openstack unless "
                               "provider_options.network names an existing network and floating_ip is false)")
-        cidrs = spec.get("network.allowed_ssh_cidrs")
-        if not cidrs:
-            raise ConfigError("network.allowed_ssh_cidrs", cidrs,
-                              "at least one CIDR block such as ['203.0.113.0/24'] on openstack "
-                              "(who may reach SSH; there is no open default)")
         if spec.get("ssh.user") == "root":
             raise ConfigError("ssh.user", "root", "'' or a user other than root on openstack "
                               "(cloud images refuse root logins)")
