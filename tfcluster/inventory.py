@@ -51,6 +51,7 @@ def render(state: ClusterState, nodes: list[Node], tf_port: int, provider: str) 
                 "ansible_host": n.public_ip,
                 "ansible_port": n.ssh_port,
                 "ansible_user": n.ssh_user,
+                "ansible_become": n.ssh_user != "root",  # cloud images log in as a user with sudo
                 "tf_role": n.role,
                 "tf_index": n.index,
                 "tf_private_ip": n.private_ip,

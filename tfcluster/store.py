@@ -124,11 +124,12 @@ def stop(log=print) -> None:
 
 
 def endpoint_for(spec) -> str | None:
-    """The S3 endpoint of a run: the local store for the local provider unless one is configured."""
+    """The S3 endpoint of a run: unless one is configured, the local store for local nodes, else AWS S3."""
     value = spec.get("storage.endpoint")
     if value != "auto":
         return value
-    return local_endpoint() if spec.provider == "local" else None
+    adopted = spec.provider == "im" and spec.get("provider_options").get("adopt_local") == "true"
+    return local_endpoint() if spec.provider == "local" or adopted else None
 
 
 def process_env(spec) -> dict[str, str]:

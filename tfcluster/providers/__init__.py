@@ -7,6 +7,7 @@ from .base import REGISTRY, Node, Provider, TerraformProvider, get_provider, reg
 # Importing a provider module registers it; cloud SDKs are imported lazily inside them.
 from . import local  # noqa: E402,F401  isort: skip
 from . import aws  # noqa: E402,F401  isort: skip
+from . import im  # noqa: E402,F401  isort: skip
 from . import gcp  # noqa: E402,F401  isort: skip
 from . import openstack  # noqa: E402,F401  isort: skip
 
