@@ -24,7 +24,7 @@ def _tf_env(tmp_path: Path) -> dict:
 
 
 def test_ruff():
-    res = subprocess.run([str(BIN / "ruff"), "check", "tfcluster", "tests", "train"], cwd=REPO,
+    res = subprocess.run([str(BIN / "ruff"), "check", "tfcluster", "tests", "train", "scripts"], cwd=REPO,
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
