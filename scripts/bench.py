@@ -86,14 +86,19 @@ def main() -> int:
     single = single_process_examples_per_sec(args.steps, spec.get("training.batch_size"),
                                              spec.get("training.learning_rate"))
     print("phase times (s):")
-    for name in ("up", "configure", "train+publish+verify", "down"):
-        print(f"  {name:<22} {times[name]:8.1f}")
+    print(f"  {'up':<34} {times['up']:8.1f}")
+    print(f"  {'configure':<34} {times['configure']:8.1f}")
+    print(f"  {'train (make train, all of it)':<34} {times['train+publish+verify']:8.1f}")
     if m:
-        print(f"  {'  training (chief)':<22} {float(m.group(1)):8.1f}   (start to chief exit, publish included)")
+        print(f"  {'  tasks started to chief exit':<34} {float(m.group(1)):8.1f}")
+    print(f"  {'  training loop (chief)':<34} {float(metrics.get('train_seconds', 0)):8.1f}")
+    if run.get("publish_seconds") is not None:
+        print(f"  {'  publish to S3 (chief)':<34} {float(run['publish_seconds']):8.1f}")
     if v:
-        print(f"  {'  verify (controller)':<22} {float(v.group(1)):8.1f}")
+        print(f"  {'  verify from S3 (controller)':<34} {float(v.group(1)):8.1f}")
+    print(f"  {'down':<34} {times['down']:8.1f}")
     print(f"training: {metrics.get('workers', '?')} workers, {args.steps} steps, test accuracy "
-          f"{acc.group(1) if acc else '?'}, chief-side train time {metrics.get('train_seconds', 0):.1f}s")
+          f"{acc.group(1) if acc else '?'}")
     print(f"examples/s on the cluster:       {cluster_eps:10.1f}")
     print(f"examples/s in one plain process: {single:10.1f}")
     if single:

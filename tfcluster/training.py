@@ -298,7 +298,7 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
         raise TfclusterError(f"training failed: the chief's task ended '{sup.get('state')}' "
                              f"(exit {sup.get('exit_code')}, restarts {sup.get('restarts', 0)}); logs in {logs}\n"
                              + tail)
-    run["state"] = "unverified"
+    run.update(state="unverified", publish_seconds=(final.get("task") or {}).get("publish_seconds"))
     write_run(state, run)
     return verify(spec, run)
 

@@ -310,6 +310,7 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
         f"({metrics['n']} examples)")
 
     state.report("publishing", accuracy=metrics["test_accuracy"])
+    publish_started = time.monotonic()
     model_dir = Path(settings.state_dir) / "model"
     shutil.rmtree(model_dir, ignore_errors=True)
     publish.export_saved_model(local_model, example_shape, from_logits, model_dir)
@@ -334,6 +335,7 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
         mark_unpublished(settings, settings.steps, f"publishing failed: {exc}")
         raise
     clear_unpublished(settings)
-    state.report("done", accuracy=metrics["test_accuracy"])
+    state.report("done", accuracy=metrics["test_accuracy"],
+                 publish_seconds=round(time.monotonic() - publish_started, 3))
     log("chief: done")
     return 0
