@@ -11,6 +11,7 @@ PS ?=
 WORKERS ?=
 STEPS ?=
 FORCE ?=
+NODE ?=
 VENV ?= .venv
 PYTEST_ARGS ?=
 
@@ -73,8 +74,8 @@ lint: $(BOOTSTRAP) ## ruff, terraform fmt, ansible-lint (offline)
 	$(VENV)/bin/pytest -q tests/lint
 
 .PHONY: clean
-clean: $(BOOTSTRAP) ## Stop the local S3 store (its objects go with it); clusters must be down first
-	$(TFCLUSTER) store stop
+clean: $(BOOTSTRAP) ## Stop the local S3 store (its objects go with it); refused while clusters are up unless FORCE=1
+	$(TFCLUSTER) store stop $(if $(FORCE),--force)
 
 .PHONY: bench
 bench: $(BOOTSTRAP) ## Benchmark: phase times and cluster vs single-process examples/s (figures only)

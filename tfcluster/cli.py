@@ -1,4 +1,8 @@
-"""The ``tfcluster`` command. Exit codes: 0 ok, 1 failure, 2 bad configuration/arguments, 3 refused."""
+"""The ``tfcluster`` command.
+
+Exit codes: 0 ok, 1 failure, 2 bad configuration or arguments (nothing created), 3 refused to destroy
+something worth keeping, 130 interrupted (Ctrl-C).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import signal
 import sys
 
 from . import cluster, config, store
-from .errors import EXIT_USAGE, ConfigError, TfclusterError
+from .errors import EXIT_USAGE, ConfigError, GuardError, TfclusterError
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -49,7 +53,11 @@ def cluster_name(args: argparse.Namespace) -> str:
 
 
 def cmd_validate(args) -> int:
+    from .paths import ClusterState
+    from .providers import get_provider
+
     spec = spec_from_args(args)
+    get_provider(spec.provider, ClusterState(spec.cluster)).check(spec)  # what `up` would refuse
     print(json.dumps(spec.to_dict(), indent=2))
     print(f"configuration is valid: cluster {spec.cluster}, provider {spec.provider}, "
           f"{spec.count('ps')} ps + {spec.count('worker')} workers + {spec.count('chief')} chief",
@@ -69,6 +77,7 @@ def cmd_down(args) -> int:
     training.down_guard(spec.cluster, args.force)
     training.fetch_logs_before_down(spec.cluster)
     cluster.down(spec.cluster, provider_name=spec.provider)
+    training.close_run_after_down(spec.cluster)
     return 0
 
 
@@ -87,12 +96,16 @@ def cmd_all(args) -> int:
     except TfclusterError as exc:
         print(f"tfcluster: error: {exc}", file=sys.stderr)
         status = exc.exit_code
+    except Exception as exc:  # an unexpected failure must not skip the teardown below
+        print(f"tfcluster: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        status = 1
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         cluster.say("tearing down (Ctrl-C is ignored until this is done)")
         training.down_guard(spec.cluster, args.force)
         training.fetch_logs_before_down(spec.cluster)
         cluster.down(spec.cluster, provider_name=spec.provider)
+        training.close_run_after_down(spec.cluster)
     except TfclusterError as exc:
         print(f"tfcluster: error: {exc}", file=sys.stderr)
         status = status or exc.exit_code
@@ -131,6 +144,12 @@ def cmd_store(args) -> int:
     if args.action == "start":
         print(store.ensure_running())
     elif args.action == "stop":
+        from .paths import state_root
+
+        up = sorted(p.parent.name for p in state_root().glob("*/nodes.json"))
+        if up and not args.force:
+            raise GuardError(f"clusters still up: {', '.join(up)}; the store holds their data in memory. "
+                             f"'make down' them first, or 'make clean FORCE=1'")
         store.stop()
     else:
         running = store.is_running()
@@ -172,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--lines", type=int, default=200)
     p = add("store", cmd_store, "the local S3-compatible store (outlives clusters)")
     p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--force", action="store_true", help="stop: even while clusters are up")
     add("config-reference", cmd_reference, "print the configuration fields as a Markdown table")
     return parser
 

@@ -38,7 +38,7 @@ def load_spec(state: ClusterState) -> RunSpec | None:
     """The spec the cluster was brought up with (re-validated), or None."""
     if not state.spec.exists():
         return None
-    return resolve(flatten(json.loads(state.spec.read_text())))
+    return resolve(flatten(json.loads(state.spec.read_text())), check_files=False)
 
 
 def ensure_ssh_key(state: ClusterState) -> str:

@@ -12,6 +12,7 @@ import copy
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ ROLES = ("ps", "worker", "chief")
 PROVIDERS = ("local", "aws", "gcp", "openstack", "im")
 STRATEGIES = ("parameter_server",)
 
+#: off while re-reading a saved spec: `down` must work even if the user's model file is gone
+_CHECK_FILES: ContextVar[bool] = ContextVar("check_files", default=True)
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,18}[a-z0-9]$")
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
@@ -150,7 +153,7 @@ def _model(field, value):
         raise ConfigError(field, value, allowed)
     if value.endswith(".py"):
         path = Path(value).expanduser()
-        if not path.is_file():
+        if not path.is_file() and _CHECK_FILES.get():
             raise ConfigError(field, value, allowed + " (no such file)")
         if not _MODULE_RE.fullmatch(path.stem) or "." in path.stem:
             raise ConfigError(field, value, allowed + " (the file name must be a Python identifier)")
@@ -158,6 +161,23 @@ def _model(field, value):
     if value not in bundled:
         raise ConfigError(field, value, allowed)
     return value
+
+
+def _credentials_file(field, value):
+    allowed = ("'' (the local store's own keys, or the cloud's instance role), or the path of an existing "
+               "0600 file with AWS_ACCESS_KEY_ID= and AWS_SECRET_ACCESS_KEY= lines")
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str):
+        raise ConfigError(field, value, allowed)
+    path = Path(value).expanduser()
+    if _CHECK_FILES.get():
+        if not path.is_file():
+            raise ConfigError(field, value, allowed + " (no such file)")
+        if path.stat().st_mode & 0o077:
+            raise ConfigError(field, value, allowed + f" (mode is {oct(path.stat().st_mode & 0o777)}: "
+                                                      "chmod 600 it)")
+    return str(path.resolve())
 
 
 def _subnet(field, value):
@@ -235,6 +255,8 @@ SCHEMA: dict = {
         "bucket": Field("tfcluster", _bucket, "S3 bucket for datasets, checkpoints and models"),
         "prefix": Field("runs", _prefix, "key prefix for runs: <prefix>/<cluster>/<run-id>/"),
         "endpoint": Field("auto", _endpoint, "S3 endpoint URL; 'auto' = local store on local, AWS otherwise"),
+        "credentials_file": Field("", _credentials_file,
+                                  "0600 file with the S3 keys of a site's store (nodes get them in a 0600 env file)"),
         "region": Field("us-east-1", _regex(re.compile(r"^[a-z]{2}(-[a-z0-9]+)+-\d$"),
                                             "a region name such as us-east-1"), "S3 region"),
     },
@@ -244,6 +266,8 @@ SCHEMA: dict = {
         "batch_size": Field(64, _int(1, 65536), "batch size per worker step"),
         "learning_rate": Field(0.002, _float(0.0, 10.0), "optimizer learning rate"),
         "max_restarts": Field(3, _int(0, 100), "restarts of a crashed task (with back-off) before the run fails"),
+        "stall_timeout_seconds": Field(90, _int(10, 86400),
+                                       "no training step for this long restarts the chief from its checkpoint"),
         "start_timeout_seconds": Field(300, _int(5, 86400),
                                        "how long the chief waits for every ps and worker before failing"),
         "checkpoint_every": Field(100, _int(1, 10_000_000), "checkpoint (copied to S3) every N steps and at the end"),
@@ -349,6 +373,8 @@ def load_file(path: str | Path | None) -> dict:
         raise ConfigError("config file", str(path), "an existing YAML file")
     try:
         data = yaml.safe_load(p.read_text()) or {}
+    except UnicodeDecodeError:
+        raise ConfigError("config file", str(path), "a UTF-8 text file") from None
     except yaml.YAMLError as exc:
         raise ConfigError("config file", str(path), f"valid YAML ({exc})".replace("\n", " ")) from None
     if not isinstance(data, Mapping):
@@ -357,8 +383,19 @@ def load_file(path: str | Path | None) -> dict:
 
 
 def resolve(file_values: Mapping[str, Any] | None = None,
-            overrides: Mapping[str, Any] | None = None) -> RunSpec:
-    """Merge defaults < file < overrides, validate every field and the rules across fields."""
+            overrides: Mapping[str, Any] | None = None, check_files: bool = True) -> RunSpec:
+    """Merge defaults < file < overrides, validate every field and the rules across fields.
+
+    ``check_files=False`` skips checks that a file exists (for a saved spec re-read by ``down``).
+    """
+    token = _CHECK_FILES.set(check_files)
+    try:
+        return _resolve(file_values, overrides)
+    finally:
+        _CHECK_FILES.reset(token)
+
+
+def _resolve(file_values, overrides) -> RunSpec:
     merged = {path: copy.deepcopy(f.default) for path, f in FIELDS.items()}
     for source in (file_values or {}, overrides or {}):
         for key, value in source.items():

@@ -151,7 +151,17 @@ def outports(cidrs: list[str]) -> str:
         if net.version != 4:
             raise ConfigError("network.allowed_ssh_cidrs", cidr, "IPv4 CIDR blocks (IM's outports take IPv4 only)")
         out.append(f"{net}-22/tcp-22/tcp")
-    return ",".join(out) if out else "22/tcp-22/tcp"
+    return ",".join(out)
+
+
+def _ssh_outports(spec: RunSpec, adopted) -> str:
+    """Public SSH sources; none at all is refused for cloud nodes (an empty outports opens nothing)."""
+    cidrs = spec.get("network.allowed_ssh_cidrs")
+    if not cidrs and not adopted:
+        raise ConfigError("network.allowed_ssh_cidrs", cidrs,
+                          "at least one IPv4 network that may reach SSH, e.g. ['203.0.113.0/24'] "
+                          "(there is no open default)")
+    return outports(cidrs)
 
 
 def _private_key(text: str) -> str:
@@ -252,7 +262,7 @@ def context(spec: RunSpec, options: dict[str, str] | None = None, *, adopted: li
         "roles": roles,
         "project_roles": PROJECT_ROLES,
         "node_total": total,
-        "outports": outports(spec.get("network.allowed_ssh_cidrs")),
+        "outports": _ssh_outports(spec, adopted),
         "tf_port": tf_port,
         "tensorflow_version": spec.get("tensorflow.version"),
         "roles_url": check_http_url("provider_options.roles_url", opts.get("roles_url", "")),

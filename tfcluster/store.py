@@ -51,12 +51,7 @@ def credentials() -> dict[str, str]:
         with os.fdopen(fd, "w") as f:
             f.write(f"AWS_ACCESS_KEY_ID=tfc{secrets.token_hex(8)}\n"
                     f"AWS_SECRET_ACCESS_KEY={secrets.token_urlsafe(30)}\n")
-    out = {}
-    for line in path.read_text().splitlines():
-        if "=" in line:
-            k, v = line.split("=", 1)
-            out[k.strip()] = v.strip()
-    return out
+    return read_env_file(path)
 
 
 def _answers(ip: str, port: int) -> bool:
@@ -107,12 +102,18 @@ def stop(log=print) -> None:
     """Stop the local store (its objects are gone with it) and remove its address."""
     pid_file = store_dir() / "store.pid"
     if pid_file.exists():
-        pid = int(pid_file.read_text().strip() or 0)
-        try:
-            os.killpg(pid, signal.SIGTERM)
-            log(f"stopped the local S3 store (pid {pid})")
-        except (ProcessLookupError, PermissionError):
-            pass
+        text = pid_file.read_text().strip()
+        pid = int(text) if text.isdigit() else 0
+        try:  # only if that pid is still our moto server (a pid file can outlive a reboot)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid else b""
+        except OSError:
+            cmdline = b""
+        if b"moto.server" in cmdline:
+            try:
+                os.killpg(pid, signal.SIGTERM)
+                log(f"stopped the local S3 store (pid {pid})")
+            except (ProcessLookupError, PermissionError):
+                pass
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and _answers(*store_addr()):
             time.sleep(0.1)
@@ -138,9 +139,28 @@ def process_env(spec) -> dict[str, str]:
 
     env = {"AWS_DEFAULT_REGION": spec.get("storage.region")}
     endpoint = endpoint_for(spec)
-    if endpoint and urlsplit(endpoint).hostname == store_addr()[0]:  # the local store, or a proxy beside it
+    if spec.get("storage.credentials_file"):  # a site's S3-compatible store: the user's keys
+        env.update(read_env_file(Path(spec.get("storage.credentials_file"))))
+    elif endpoint and urlsplit(endpoint).hostname == store_addr()[0]:  # the local store, or a proxy beside it
         env.update(credentials())
     return env
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from a KEY=VALUE file (other lines ignored)."""
+    out = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise TfclusterError(f"cannot read the S3 credentials file {path}: {exc.strerror}") from None
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep and key.strip() in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            out[key.strip()] = value.strip()
+    if len(out) != 2:
+        raise TfclusterError(f"the S3 credentials file {path} needs AWS_ACCESS_KEY_ID= and "
+                             "AWS_SECRET_ACCESS_KEY= lines")
+    return out
 
 
 def client(spec):

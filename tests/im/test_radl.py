@@ -277,3 +277,10 @@ def test_operator_render_for_im_client(tmp_path):
     assert parsed.check() and len(parsed.contextualize.items) == 3
     assert "private_key" not in res.stdout and "public_key" not in res.stdout
     assert parsed.get_system_by_name("chief").getValue("disk.0.os.credentials.username") == "cloudadm"
+
+
+def test_cloud_nodes_without_ssh_sources_are_refused_not_opened():
+    spec = spec_for(**{"network.allowed_ssh_cidrs": []})
+    with pytest.raises(ConfigError) as err:
+        radl_render.render(spec)
+    assert err.value.field == "network.allowed_ssh_cidrs" and "no open default" in str(err.value)

@@ -41,6 +41,9 @@ CASES = [
     ("provider option unknown to local", None, ["--set", "provider_options.region=x"],
      "provider_options.region"),
     ("gpus on local", None, ["--set", "nodes.chief.gpus=1"], "nodes.chief.gpus"),
+    ("local endpoint elsewhere", None, ["--set", "storage.endpoint=http://192.0.2.9:9000"], "storage.endpoint"),
+    ("local ssh user", None, ["--set", "ssh.user=ubuntu"], "ssh.user"),
+    ("file: not UTF-8", "\udcff", [], "config file"),
 ]
 
 
@@ -48,7 +51,7 @@ CASES = [
 def test_bad_input_exits_2_naming_the_field_and_creates_nothing(home, tmp_path, case_id, text, args, field):
     if text is not None:
         cfg = tmp_path / "cluster.yml"
-        cfg.write_text(text)
+        cfg.write_bytes(text.encode("utf-8", "surrogateescape"))
         args = ["-c", str(cfg), *args]
     if "__FILE__" in " ".join(args):
         bad = tmp_path / "my-model.v2.py"

@@ -143,3 +143,26 @@ def _cluster_traces(cluster: str) -> list[str]:
     found = [ns for ns in localnode.list_netns() if ns.startswith(f"tfc_{cluster}_")]
     found += localnode.list_links(localnode.bridge_name(cluster)) + localnode.list_links(localnode.veth_prefix(cluster))
     return found
+
+
+def test_credentials_file_must_exist_and_be_private(tmp_path):
+    creds = tmp_path / "s3.env"
+    creds.write_text("AWS_ACCESS_KEY_ID=a\nAWS_SECRET_ACCESS_KEY=b\n")
+    creds.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        config.resolve(overrides={"storage.credentials_file": str(creds)})
+    creds.chmod(0o600)
+    assert config.resolve(overrides={"storage.credentials_file": str(creds)}).get(
+        "storage.credentials_file") == str(creds)
+    with pytest.raises(ConfigError, match="no such file"):
+        config.resolve(overrides={"storage.credentials_file": str(tmp_path / "nope")})
+
+
+def test_saved_spec_loads_without_its_model_file(tmp_path):
+    model = tmp_path / "mymodel.py"
+    model.write_text("def build_model():\n    pass\n")
+    saved = config.resolve(overrides={"training.model": str(model)}).to_dict()
+    model.unlink()
+    with pytest.raises(ConfigError):
+        config.resolve(config.flatten(saved))
+    assert config.resolve(config.flatten(saved), check_files=False).get("training.model") == str(model)

@@ -118,7 +118,7 @@ class GcpProvider(TerraformProvider):
         if spec.get("storage.endpoint") == "auto":  # 'auto' means AWS S3 off the local provider
             raise ConfigError("storage.endpoint", "auto",
                               f"{GCS_S3_ENDPOINT} on gcp (Cloud Storage's S3-compatible API; HMAC keys in "
-                              "tfcluster's credentials file) or the URL of another S3-compatible store")
+                              "storage.credentials_file) or the URL of another S3-compatible store")
         for role in ROLES:
             if spec.count(role):
                 self._check_gpus(spec, role)

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import zlib
+from urllib.parse import urlsplit
 
 from .. import localnode, store
 from ..config import RunSpec
@@ -45,6 +46,13 @@ class LocalProvider(TerraformProvider):
 
     def check(self, spec: RunSpec) -> None:
         super().check(spec)
+        endpoint = spec.get("storage.endpoint")
+        store_ip = store.store_addr()[0]
+        if endpoint != "auto" and urlsplit(endpoint).hostname != store_ip:
+            raise ConfigError("storage.endpoint", endpoint,
+                              f"'auto' or a URL on {store_ip} on the local provider (its nodes reach nothing else)")
+        if spec.get("ssh.user") not in ("", "root"):
+            raise ConfigError("ssh.user", spec.get("ssh.user"), "'' or root on the local provider")
         subnet = ipaddress.ip_network(subnet_for(spec))
         if subnet.num_addresses - 11 < spec.node_total:
             raise ConfigError("network.subnet", str(subnet), f"a network with room for {spec.node_total} nodes")

@@ -100,7 +100,7 @@ class OpenstackProvider(TerraformProvider):
         if spec.get("storage.endpoint") == "auto":
             raise ConfigError("storage.endpoint", "auto",
                               "the http(s) URL of the site's S3-compatible object store on openstack "
-                              "(Swift s3api, Ceph RGW); its keys go in tfcluster's credentials file")
+                              "(Swift s3api, Ceph RGW); its keys in storage.credentials_file")
         for role in ROLES:
             if spec.count(role) and spec.get(f"nodes.{role}.gpus") and not spec.get(f"nodes.{role}.instance_type"):
                 raise ConfigError(f"nodes.{role}.instance_type", "",
