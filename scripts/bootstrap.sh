@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-/usr/bin/python3}
-APT_PACKAGES=(openssh-server openssh-client iproute2 python3-venv rsync procps util-linux)
+# openssh-server: each local node runs its own sshd; python3-apt: Ansible's apt module on local nodes
+# (they overlay this machine's /, with no network of their own).
+APT_PACKAGES=(openssh-server openssh-client iproute2 python3-venv python3-apt procps util-linux)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -20,9 +22,25 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # Installing openssh-server must not start an sshd on this host (tfcluster runs one per node only):
+  # policy-rc.d denies service starts during the install.
+  policy=/usr/sbin/policy-rc.d
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
+    trap 'rm -f "$policy"' EXIT
+  fi
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [[ " ${missing[*]} " == *" openssh-server "* ]] && command -v systemctl >/dev/null \
+      && [ -d /run/systemd/system ]; then
+    systemctl disable --now ssh.service >/dev/null 2>&1 || true
+  fi
 fi
-# Debian's openssh-server package starts nothing here (no init system); tfcluster runs its own sshd per node.
+
+if ! command -v terraform >/dev/null; then
+  echo "bootstrap: terraform (>= 1.5) is not on PATH; install it (HashiCorp's apt repository or release" >&2
+  echo "zip) and re-run. The local provider downloads nothing: it uses only the built-in terraform_data." >&2
+  exit 1
+fi
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "==> bootstrap: creating $VENV with $PYTHON"

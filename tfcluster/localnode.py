@@ -129,7 +129,12 @@ mount -t sysfs sysfs "$M/sys"
 mount --rbind /dev "$M/dev"
 mount -t tmpfs -o mode=0755 tmpfs "$M/run"
 mkdir -p "$M/run/sshd" "$M/run/netns"
-echo "node $TFC_NAME: root is an overlay of / (upper: $TFC_DIR/upper)"
+# The host's secrets stay the host's: homes, /tmp and tfcluster's state (keys, store credentials).
+for d in /root /home /tmp "$TFC_STATE_ROOT"; do
+    [ -d "$M$d" ] && mount -t tmpfs -o mode=0700 tmpfs "$M$d"
+done
+chmod 1777 "$M/tmp"
+echo "node $TFC_NAME: root is an overlay of / (upper: $TFC_DIR/upper); /root /home /tmp and $TFC_STATE_ROOT masked"
 cd /
 if [ "${TFC_NOSSHD:-}" = 1 ]; then exec sleep infinity; fi
 exec chroot "$M" /usr/sbin/sshd -D -e -f /etc/ssh/tfcluster_sshd_config
@@ -218,6 +223,7 @@ def node_up(p: dict) -> None:
         raise NodeError(f"node {name}: injected failure ({FAULT_ENV})")
 
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TFC_NAME": name, "TFC_DIR": str(node_dir),
+           "TFC_STATE_ROOT": str(node_dir.parents[2]),
            "TFC_NOSSHD": "1" if fault == "nosshd" else ""}
     console = open(node_dir / "console.log", "ab")
     proc = subprocess.Popen(

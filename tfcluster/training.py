@@ -1,10 +1,13 @@
 """configure, train, publish/verify, logs: the run on an up cluster.
 
 A run has an id and a record in ``.tfcluster/<cluster>/run.json`` whose ``state`` is one of
-``started``, ``interrupted``, ``failed``, ``unverified`` (the chief published, the controller has not
-verified it yet) and ``verified``. A run that did not finish keeps its id, so the next ``make train``
-resumes from its checkpoints in S3; a verified run makes the next ``make train`` start a new one.
-``down`` refuses while the record says the only copy of a model might be lost (see :func:`down_guard`).
+``started``, ``interrupted``, ``failed``, ``unpublished`` (trained, but S3 did not take the result; it is
+kept on the chief), ``unverified`` (the chief published, the controller has not verified it yet),
+``verified``, ``verify_failed`` and ``abandoned`` (its cluster was destroyed while the run was open).
+A run that did not finish keeps its id, so the next ``make train`` with the same model and batch size
+resumes from its checkpoints; any other state, or other settings, make the next ``make train`` start a
+new run. ``down`` refuses while the record says the only copy of a model might be lost
+(see :func:`down_guard`).
 """
 
 from __future__ import annotations
@@ -119,20 +122,26 @@ def configure(spec: RunSpec) -> None:
 
     state = ClusterState(spec.cluster)
     nodes = _nodes_or_fail(state)
-    with phase("prepare the wheelhouse"):
-        wheels = wheelhouse.ensure(spec.get("tensorflow.version"), wheelhouse.packages_for([n.gpus for n in nodes]),
-                                   log=say)
+    provider = get_provider(spec.provider, state)
+    offline = provider.offline_nodes(spec)
+    wheels = None
+    if offline:
+        with phase("prepare the wheelhouse"):
+            wheels = wheelhouse.ensure(spec.get("tensorflow.version"),
+                                       wheelhouse.packages_for([n.gpus for n in nodes]), log=say)
     model = spec.get("training.model")
     bundle, bundle_id = wheelhouse.harness_bundle(TRAIN_DIR, state.dir / "vars",
                                                   model if model.endswith(".py") else "")
     variables = {
         "tensorflow_version": spec.get("tensorflow.version"),
-        "tensorflow_wheelhouse_src": str(wheels),
+        "tensorflow_source": "wheelhouse" if offline else "index",
+        "tensorflow_wheelhouse_src": str(wheels or ""),
         "tf_node_train_src": str(TRAIN_DIR),
         "tf_node_bundle": str(bundle),
+        "tf_node_bundle_id": bundle_id,
     }
     state.logs.mkdir(parents=True, exist_ok=True)
-    host = get_provider(spec.provider, state).wheelhouse_host(spec)
+    host = provider.wheelhouse_host(spec)
     with phase(f"configure {len(nodes)} nodes (playbooks/site.yml, harness {bundle_id})"), \
             (wheelhouse.serve(wheels, host) if host else nullcontext()) as url:
         if url:
@@ -155,6 +164,7 @@ def _run_settings(spec: RunSpec, run_id: str) -> dict:
         "checkpoint_every": spec.get("training.checkpoint_every"),
         "max_runtime_s": spec.get("max_runtime_minutes") * 60,
         "start_timeout_s": spec.get("training.start_timeout_seconds"),
+        "stall_timeout_s": spec.get("training.stall_timeout_seconds"),
         "s3": {
             "endpoint": store.endpoint_for(spec),
             "region": spec.get("storage.region"),
@@ -239,7 +249,11 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
         return verify(spec, run)
     if configure_first:
         configure(spec)
+    fingerprint = {"model": model_name(spec), "batch_size": spec.get("training.batch_size")}
     resume = run.get("state") in ("started", "interrupted", "failed", "unpublished")
+    if resume and run.get("fingerprint", fingerprint) != fingerprint:
+        say(f"run {run['run_id']} used {run['fingerprint']}; these settings start a new run instead")
+        resume = False
     run_id = run["run_id"] if resume else new_run_id()
     settings = _run_settings(spec, run_id)
     s3 = store.client(spec)
@@ -250,7 +264,7 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
             + ("uploaded" if info["uploaded"] else "already there"))
     run = {"run_id": run_id, "state": "started", "started": time.time(), "steps": settings["steps"],
            "s3_prefix": f"s3://{spec.get('storage.bucket')}/{settings['s3']['run_prefix']}/",
-           "resumed": resume}
+           "resumed": resume, "fingerprint": fingerprint}
     write_run(state, run)
     say(("resuming" if resume else "starting") + f" run {run_id}: {settings['steps']} steps on "
         f"{spec.count('worker')} workers, {spec.count('ps')} ps; model → {run['s3_prefix']}")
@@ -333,8 +347,16 @@ def verify(spec: RunSpec, run: dict) -> dict:
     settings = _run_settings(spec, run["run_id"])
     dest = artifacts_root() / spec.cluster / run["run_id"]
     with phase(f"verify the model in {run['s3_prefix']}"):
-        result = harness().verify.verify_run(store.client(spec), spec.get("storage.bucket"),
-                                             settings["s3"]["run_prefix"], dest)
+        try:
+            result = harness().verify.verify_run(store.client(spec), spec.get("storage.bucket"),
+                                                 settings["s3"]["run_prefix"], dest)
+        except TfclusterError:
+            raise
+        except Exception as exc:  # a bad hash, a missing file, S3 errors: the published run is not usable
+            run.update(state="verify_failed", error=f"{type(exc).__name__}: {exc}")
+            write_run(state, run)
+            raise TfclusterError(f"verification of {run['s3_prefix']} failed: {type(exc).__name__}: {exc}; "
+                                 f"the next 'make train' starts a new run") from None
     run.update(state="verified", test_accuracy=result["test_accuracy"], artifacts=str(dest),
                metrics=result.get("metrics", {}))
     write_run(state, run)
@@ -361,6 +383,15 @@ def down_guard(cluster: str, force: bool) -> None:
         why = (f"run {run['run_id']} is still marked as training (the controller may have been stopped); "
                f"'make status CLUSTER={cluster}' shows the nodes")
     raise GuardError(f"refusing to destroy cluster {cluster}: {why}, or 'make down FORCE=1' to destroy anyway")
+
+
+def close_run_after_down(cluster: str) -> None:
+    """The cluster is gone: a run it left open can no longer be resumed on it."""
+    state = ClusterState(cluster)
+    run = read_run(state)
+    if run.get("state") in ("started", "unpublished", "unverified"):
+        run.update(state="abandoned", abandoned_from=run["state"])
+        write_run(state, run)
 
 
 def fetch_logs_before_down(cluster: str) -> None:

@@ -91,17 +91,18 @@ def harness_bundle(train_dir: Path, dest_dir: Path, model_file: str = "") -> tup
     members += sorted((f"models/{p.name}", p) for p in (train_dir / "models").glob("*.py"))
     if model_file:
         members.append((f"models/{Path(model_file).name}", Path(model_file)))
+    contents = [(name, path.read_bytes()) for name, path in members]
+    digest = hashlib.sha256(b"".join(name.encode() + b"\0" + data for name, data in contents)).hexdigest()[:16]
+    contents.append((f".bundle-{digest}", digest.encode()))  # the node unpacks once per content id
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, path in members:
-            data = path.read_bytes()
+        for name, data in contents:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
     packed = io.BytesIO()
     with gzip.GzipFile(fileobj=packed, mode="wb", mtime=0) as gz:
         gz.write(raw.getvalue())
-    digest = hashlib.sha256(packed.getvalue()).hexdigest()[:16]
     dest_dir.mkdir(parents=True, exist_ok=True)
     bundle = dest_dir / "harness.tar.gz"
     bundle.write_bytes(packed.getvalue())

@@ -86,6 +86,10 @@ class Provider(ABC):
     def down(self) -> None:
         """Destroy everything the provider created for this cluster."""
 
+    def offline_nodes(self, spec: RunSpec) -> bool:
+        """Nodes without a route to a package index: TensorFlow comes from the controller's wheelhouse."""
+        return self.wheelhouse_host(spec) is not None
+
     def wheelhouse_host(self, spec: RunSpec) -> str | None:
         """An address of this controller the nodes reach, to serve them the wheelhouse; None = copy it."""
         return None
