@@ -136,8 +136,8 @@ def test_worker_killed_at_30_percent(home, env, cluster):
 
 
 def test_worker_link_cut_for_20s(home, env, cluster):
-    """Cut a worker's link for 20 s mid-run: the run completes."""
-    train = Train(env)
+    """Cut a worker's link for 20 s mid-run: the run completes (a stuck coordinator is restarted)."""
+    train = Train(env, "--set", "training.stall_timeout_seconds=30")
     wait_for_step(home, cluster, train, int(STEPS * 0.2))
     veth = localnode.veth_name(CLUSTER, 2)  # worker-1: ps-0, worker-0, worker-1, chief-0
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)

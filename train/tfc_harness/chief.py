@@ -29,6 +29,8 @@ from .settings import Settings
 from .status import Progress, write_status
 
 TIMEOUT_EXIT_CODE = 3
+STALL_EXIT_CODE = 4
+DEFAULT_STALL_TIMEOUT_S = 90  # no training step for this long: the coordinator is stuck
 LOSS_SAMPLES = 8          # remote losses fetched per scheduling chunk
 CHUNK_TARGET_S = 0.5      # aim for this much work between coordinator.join() calls
 
@@ -115,6 +117,40 @@ class PeerMonitor:
                     else:
                         self.failures[name] = self.failures.get(name, 0) + 1
                         log(f"peer {name} ({address}) lost; training continues with the others")
+
+
+class StallWatchdog:
+    """Ends the chief when training makes no step for ``timeout_s``.
+
+    A ClusterCoordinator can hang for good while it recovers a worker whose link came back; exiting lets
+    the node's supervisor restart the chief, which resumes from the newest checkpoint.
+    """
+
+    def __init__(self, state: ChiefState, timeout_s: float):
+        self.state, self.timeout_s = state, timeout_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="stall-watchdog")
+
+    def start(self) -> StallWatchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        last_step, since = self.state.step, time.monotonic()
+        while not self._stop.wait(1.0):
+            if self.state.step != last_step:
+                last_step, since = self.state.step, time.monotonic()
+            elif time.monotonic() - since > self.timeout_s and not self._stop.is_set():
+                msg = (f"chief: no training progress for {self.timeout_s:.0f}s at step {last_step}; exiting so "
+                       "that the supervisor restarts the chief from the newest checkpoint")
+                try:
+                    self.state.report("failed", error=msg)
+                finally:
+                    print(f"ERROR: {msg}", file=sys.stderr, flush=True)
+                    os._exit(STALL_EXIT_CODE)
 
 
 def start_watchdog(state: ChiefState, max_runtime_s: float) -> threading.Timer:
@@ -283,6 +319,7 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
         f"(batch {settings.batch_size}, learning rate {settings.learning_rate})")
     chunk = 10
     monitor = PeerMonitor(settings.peers()).start()
+    stall = StallWatchdog(state, settings.stall_timeout_s or DEFAULT_STALL_TIMEOUT_S).start()
     while step < settings.steps:
         boundary = min(settings.steps, (step // settings.checkpoint_every + 1) * settings.checkpoint_every)
         n = max(1, min(chunk, boundary - step))
@@ -300,6 +337,7 @@ def _run(settings: Settings, state: ChiefState, started: float) -> int:
         if step == boundary:
             save_checkpoint(step)
     train_seconds = progress.elapsed()
+    stall.stop()
     monitor.stop()
 
     state.report("evaluating")

@@ -42,7 +42,8 @@ SETTINGS_KEYS = frozenset({
     "learning_rate", "checkpoint_every", "s3", "state_dir", "max_runtime_s",
 })
 # Optional keys: start_timeout_s (how long the chief waits for every ps and worker; default max_runtime_s).
-OPTIONAL_KEYS = frozenset({"start_timeout_s"})
+# stall_timeout_s: training making no step for this long ends the chief (its supervisor restarts it).
+OPTIONAL_KEYS = frozenset({"start_timeout_s", "stall_timeout_s"})
 S3_KEYS = frozenset({"endpoint", "region", "bucket", "run_prefix", "checkpoint_prefix", "dataset_prefix"})
 
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
@@ -82,6 +83,7 @@ class Settings:
     state_dir: str
     max_runtime_s: int
     start_timeout_s: int = 0  # 0: max_runtime_s
+    stall_timeout_s: int = 0  # 0: the chief's default
 
     @property
     def cluster_spec(self) -> dict[str, list[str]]:
@@ -211,4 +213,5 @@ def validate(raw: Any) -> Settings:
         state_dir=_str(raw, "state_dir"),
         max_runtime_s=_int(raw, "max_runtime_s", 1),
         start_timeout_s=_int(raw, "start_timeout_s", 1) if "start_timeout_s" in raw else 0,
+        stall_timeout_s=_int(raw, "stall_timeout_s", 10) if "stall_timeout_s" in raw else 0,
     )
