@@ -106,6 +106,7 @@ Port 22
 HostKey /etc/ssh/tfcluster_host_ed25519_key
 PidFile /run/tfcluster-sshd.pid
 PermitRootLogin prohibit-password
+AllowUsers root
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
