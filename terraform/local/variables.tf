@@ -73,6 +73,10 @@ variable "ssh_user" {
   description = "SSH user on the nodes; '' means the provider's default (root on local)."
   type        = string
   default     = ""
+  validation {
+    condition     = contains(["", "root"], var.ssh_user)
+    error_message = "ssh_user: '' or root on the local provider."
+  }
 }
 
 variable "allowed_ssh_cidrs" {
@@ -94,11 +98,19 @@ variable "tf_port" {
 variable "bucket" {
   description = "S3 bucket of the run (clouds grant the nodes access to it alone)."
   type        = string
+  validation {
+    condition     = can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", var.bucket))
+    error_message = "bucket: an S3 bucket name, 3-63 characters of lowercase letters, digits, '.' and '-'."
+  }
 }
 
 variable "prefix" {
   description = "Key prefix of the run inside the bucket."
   type        = string
+  validation {
+    condition     = can(regex("^[A-Za-z0-9][A-Za-z0-9._/-]*$", var.prefix)) && !strcontains(var.prefix, "..")
+    error_message = "prefix: letters, digits, '.', '_', '-' and '/', no leading '/' and no '..'."
+  }
 }
 
 variable "max_runtime_minutes" {
@@ -114,4 +126,9 @@ variable "provider_options" {
   description = "Provider-specific settings. Local: python (interpreter with tfcluster), state_dir, subnet (CIDR), ssh_timeout, store_ip (the only address beyond the bridge a node can reach)."
   type        = map(string)
   default     = {}
+  validation {
+    condition = (alltrue([for k in ["python", "state_dir", "subnet"] : contains(keys(var.provider_options), k)])
+    && can(cidrhost(lookup(var.provider_options, "subnet", "x"), 1)))
+    error_message = "provider_options: python, state_dir and subnet (a CIDR block) are required; ssh_timeout and store_ip are optional."
+  }
 }
