@@ -124,3 +124,18 @@ def test_make_all_tears_down_after_ctrl_c(home, cluster):
     assert "interrupted; tearing the cluster down" in out, out[-3000:]
     assert f"cluster {cluster} is down" in out, out[-3000:]
     assert leftovers(home, cluster) == []
+
+
+def test_node_without_sshd_fails_up_in_time_naming_it(home, cluster):
+    """A node whose sshd never starts: `up` fails within the SSH timeout, naming the node; down cleans."""
+    env = dict(os.environ, TFCLUSTER_HOME=str(home), TFCLUSTER_FAULT_NODE_UP=f"{cluster}-worker-1:nosshd")
+    start = time.monotonic()
+    res = subprocess.run([PYTHON, "-m", "tfcluster", "up", "--cluster", cluster, "--set", "ssh.timeout_seconds=5"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - start
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert f"node {cluster}-worker-1" in res.stderr and "did not come up" in res.stderr, res.stderr
+    assert took < 60, took
+    res = make("down", home, CLUSTER=cluster)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert leftovers(home, cluster) == []
