@@ -21,6 +21,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from . import ansible_run, store, wheelhouse
+from .cluster import down as destroy_cluster
 from .cluster import load_spec, phase, say
 from .config import RunSpec
 from .errors import GuardError, TfclusterError
@@ -220,17 +221,16 @@ def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: f
     raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
 
 
-def collect_logs(spec: RunSpec, run_id: str) -> Path:
-    """Fetch every node's log and state to .tfcluster/<cluster>/logs/<run-id>/ (best effort)."""
-    state = ClusterState(spec.cluster)
+def _fetch_logs(state: ClusterState, run_id: str, forks: int, tags: str) -> Path:
+    """Run playbooks/train.yml with these tags (they end by fetching every node's log and state to
+    .tfcluster/<cluster>/logs/<run-id>/); best effort: a failure is reported, not raised."""
     dest = state.logs / run_id
     dest.mkdir(parents=True, exist_ok=True)
-    extra = _extra_vars(state, "logs-vars.json", {"tf_node_logs_dest": str(dest)})
+    extra = _extra_vars(state, f"{tags}-vars.json", {"tf_node_logs_dest": str(dest)})
     try:
-        ansible_run.playbook(state, "train.yml", extra, forks=spec.node_total, log_file=state.logs / "train.log",
-                             tags="logs")
+        ansible_run.playbook(state, "train.yml", extra, forks=forks, log_file=state.logs / "train.log", tags=tags)
     except TfclusterError as exc:
-        say(f"could not fetch every node's log: {exc}")
+        say(f"warning: could not fetch every node's log: {exc}")
     return dest
 
 
@@ -326,18 +326,13 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 
 def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run_id: str, stop_chief: bool) -> Path:
     """Stop ps and workers (and the chief when asked), then fetch every node's log."""
-    dest = state.logs / run_id
-    dest.mkdir(parents=True, exist_ok=True)
-    extra = _extra_vars(state, "finish-vars.json", {"tf_node_logs_dest": str(dest)})
     with phase("stop parameter servers and workers, fetch logs"):
-        try:
-            if stop_chief:
+        if stop_chief:
+            try:
                 ansible_run.playbook(state, "stop.yml", None, forks=len(nodes), log_file=state.logs / "train.log")
-            ansible_run.playbook(state, "train.yml", extra, forks=len(nodes), log_file=state.logs / "train.log",
-                                 tags="finish")
-        except TfclusterError as exc:
-            say(f"warning: {exc}")
-    return dest
+            except TfclusterError as exc:
+                say(f"warning: {exc}")
+        return _fetch_logs(state, run_id, len(nodes), "finish")
 
 
 # -- publish / verify --------------------------------------------------------------------------
@@ -385,6 +380,14 @@ def down_guard(cluster: str, force: bool) -> None:
     raise GuardError(f"refusing to destroy cluster {cluster}: {why}, or 'make down FORCE=1' to destroy anyway")
 
 
+def teardown(spec: RunSpec, force: bool) -> None:
+    """`down` as every caller needs it: the guard, node logs off the nodes, destroy and prove, close the run."""
+    down_guard(spec.cluster, force)
+    fetch_logs_before_down(spec.cluster)
+    destroy_cluster(spec.cluster, provider_name=spec.provider)
+    close_run_after_down(spec.cluster)
+
+
 def close_run_after_down(cluster: str) -> None:
     """The cluster is gone: a run it left open can no longer be resumed on it."""
     state = ClusterState(cluster)
@@ -403,7 +406,7 @@ def fetch_logs_before_down(cluster: str) -> None:
     if state.run.stat().st_mtime < state.nodes.stat().st_mtime:
         return  # the record is of a run on an earlier cluster of this name
     with phase("fetch node logs before teardown"):
-        collect_logs(spec, run["run_id"])
+        _fetch_logs(state, run["run_id"], spec.node_total, "logs")
 
 
 def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:
