@@ -73,11 +73,7 @@ def cmd_up(args) -> int:
 def cmd_down(args) -> int:
     from . import training
 
-    spec = spec_from_args(args)
-    training.down_guard(spec.cluster, args.force)
-    training.fetch_logs_before_down(spec.cluster)
-    cluster.down(spec.cluster, provider_name=spec.provider)
-    training.close_run_after_down(spec.cluster)
+    training.teardown(spec_from_args(args), args.force)
     return 0
 
 
@@ -102,10 +98,7 @@ def cmd_all(args) -> int:
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         cluster.say("tearing down (Ctrl-C is ignored until this is done)")
-        training.down_guard(spec.cluster, args.force)
-        training.fetch_logs_before_down(spec.cluster)
-        cluster.down(spec.cluster, provider_name=spec.provider)
-        training.close_run_after_down(spec.cluster)
+        training.teardown(spec, args.force)
     except TfclusterError as exc:
         print(f"tfcluster: error: {exc}", file=sys.stderr)
         status = status or exc.exit_code
