@@ -69,8 +69,17 @@ def _ensure_address(ip: str) -> None:
     subprocess.run(["ip", "link", "set", STORE_IFACE, "up"], check=True, capture_output=True)
 
 
+def _address_present(ip: str) -> bool:
+    """Whether this host holds the store's address: probing it otherwise would leave the machine."""
+    if ip.startswith("127."):
+        return True
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", STORE_IFACE], capture_output=True, text=True)
+    return f" {ip}/" in out.stdout
+
+
 def is_running() -> bool:
-    return _answers(*store_addr())
+    ip, port = store_addr()
+    return _address_present(ip) and _answers(ip, port)
 
 
 def ensure_running(log=print) -> str:
@@ -115,7 +124,7 @@ def stop(log=print) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and _answers(*store_addr()):
+        while time.monotonic() < deadline and is_running():
             time.sleep(0.1)
         pid_file.unlink()
     ip, _ = store_addr()
