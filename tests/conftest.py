@@ -23,8 +23,11 @@ def run_cli(*args: str, home: Path, env: dict | None = None, timeout: int = 600,
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    h = tmp_path / "state"
+    """A state root deeper than a Unix socket path may be long (107 bytes), as a user's may be: nothing
+    that tfcluster puts under it may be a socket."""
+    h = tmp_path / ("state-" + "deep" * 20)
     h.mkdir()
+    assert len(str(h)) > 108
     return h
 
 

@@ -30,8 +30,7 @@ def _show(line: str) -> bool:
 
 
 def environment(state: ClusterState, extra: dict[str, str] | None = None) -> dict[str, str]:
-    cp = state.dir / "cp"
-    cp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    cp = state.ensure_control_dir()
     env = dict(os.environ)
     env.update({
         "ANSIBLE_CONFIG": str(ANSIBLE_CFG),

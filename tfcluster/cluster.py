@@ -163,7 +163,8 @@ def down(cluster: str, provider_name: str | None = None) -> None:
     left = provider.leftovers()
     if left:
         raise ProvisionError(f"cluster {cluster}: still present after down:\n  " + "\n  ".join(left))
-    for path in (state.ssh_dir, state.terraform_dir, state.dir / "cp", state.dir / "ansible-tmp", state.dir / "vars"):
+    for path in (state.ssh_dir, state.terraform_dir, state.control_dir, state.dir / "cp", state.dir / "ansible-tmp",
+                 state.dir / "vars"):
         shutil.rmtree(path, ignore_errors=True)
     for path in (state.nodes, state.inventory, state.spec):
         path.unlink(missing_ok=True)

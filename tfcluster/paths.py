@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
+import tempfile
 from pathlib import Path
+
+from .errors import TfclusterError
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES_DIR = REPO / "roles"
@@ -70,6 +75,27 @@ class ClusterState:
     def run(self) -> Path:
         """The current training run's record (run id, phase, published?)."""
         return self.dir / "run.json"
+
+    @property
+    def control_dir(self) -> Path:
+        """SSH ControlPath sockets. A Unix socket path has at most 107 bytes and ssh adds a 17-character
+        suffix to it while connecting, so the sockets cannot live under a deep state directory: they get a
+        short per-cluster directory in the temp dir, named by a hash of the state directory."""
+        digest = hashlib.sha256(str(self.dir).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"tfc-cp-{digest}"
+
+    def ensure_control_dir(self) -> Path:
+        """Create :attr:`control_dir` (0700), refusing one that is not a directory of ours."""
+        path = self.control_dir
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        info = path.lstat()
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise TfclusterError(f"{path}: exists but is not a private directory of this user "
+                                  "(it holds SSH control sockets); remove it and retry")
+        return path
 
     def exists(self) -> bool:
         return self.dir.is_dir()

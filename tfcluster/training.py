@@ -89,7 +89,8 @@ def s3_env(spec: RunSpec) -> dict[str, str]:
 def ssh_command(state: ClusterState, node: Node, command: str, timeout: int = 10) -> list[str]:
     return ["ssh", "-i", str(state.ssh_key), "-o", f"UserKnownHostsFile={state.known_hosts}",
             "-o", "StrictHostKeyChecking=accept-new", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}",
-            "-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/tfc-ssh-%C", "-o", "ControlPersist=30s",
+            "-o", "ControlMaster=auto", "-o", f"ControlPath={state.ensure_control_dir()}/%C",
+            "-o", "ControlPersist=30s",
             "-p", str(node.ssh_port), f"{node.ssh_user}@{node.public_ip}", command]
 
 

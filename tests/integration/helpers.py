@@ -49,6 +49,11 @@ def leftovers(home: Path, cluster: str) -> list[str]:
     for sub in ("nodes", "ssh", "terraform"):
         if (home / cluster / sub).exists():
             found.append(f"state {sub}/")
+    from tfcluster.paths import ClusterState
+
+    control_dir = ClusterState(cluster, root=home).control_dir
+    if control_dir.exists():
+        found.append(f"ssh control dir {control_dir}")
     return found
 
 

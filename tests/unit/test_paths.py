@@ -1,0 +1,58 @@
+"""Cluster state paths: SSH control sockets fit a Unix socket path whatever the state root."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from tfcluster.errors import TfclusterError
+from tfcluster.paths import ClusterState
+
+
+@pytest.fixture
+def state(tmp_path):
+    root = tmp_path / ("x" * 120)
+    root.mkdir()
+    s = ClusterState("a-cluster-name-of-forty-characters-long", root=root)
+    yield s
+    if s.control_dir.is_dir() and not s.control_dir.is_symlink():
+        os.rmdir(s.control_dir)
+
+
+def test_control_socket_binds_under_a_deep_state_root(state):
+    cp = state.ensure_control_dir()
+    assert oct(cp.stat().st_mode & 0o777) == "0o700"
+    # Ansible's socket name (10 hex) plus the suffix ssh appends while it connects (17 characters).
+    path = cp / ("0123456789" + ".abcdefghijklmnop")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+    path.unlink()
+    # ssh's own %C token is 40 hex characters (training's status probes).
+    assert len(str(cp / ("f" * 40 + ".abcdefghijklmnop"))) < 108
+
+
+def test_control_dir_is_per_cluster_and_stable(tmp_path):
+    a, b = ClusterState("a", root=tmp_path), ClusterState("b", root=tmp_path)
+    assert a.control_dir != b.control_dir
+    assert ClusterState("a", root=tmp_path).control_dir == a.control_dir
+    assert ClusterState("a", root=tmp_path / "other").control_dir != a.control_dir
+
+
+def test_control_dir_refuses_a_directory_others_can_enter(state):
+    state.control_dir.mkdir(mode=0o755)
+    os.chmod(state.control_dir, 0o755)
+    with pytest.raises(TfclusterError, match="not a private directory"):
+        state.ensure_control_dir()
+
+
+def test_control_dir_refuses_a_symlink(state, tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    state.control_dir.symlink_to(target)
+    try:
+        with pytest.raises(TfclusterError, match="not a private directory"):
+            state.ensure_control_dir()
+    finally:
+        state.control_dir.unlink()
