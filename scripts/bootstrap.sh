@@ -6,9 +6,9 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-/usr/bin/python3}
-# openssh-server: each local node runs its own sshd; python3-apt: Ansible's apt module on local nodes
-# (they overlay this machine's /, with no network of their own).
-APT_PACKAGES=(openssh-server openssh-client iproute2 python3-venv python3-apt procps util-linux)
+# mmdebstrap: builds the local nodes' base image (bare Debian 12) once; the nodes run that image's own
+# sshd, python3 and apt, so this host needs no sshd. openssh-client: ssh and ssh-keygen; python3-venv: .venv.
+APT_PACKAGES=(mmdebstrap openssh-client iproute2 python3-venv procps util-linux)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -22,18 +22,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # Installing openssh-server must not start an sshd on this host (tfcluster runs one per node only):
-  # policy-rc.d denies service starts during the install.
-  policy=/usr/sbin/policy-rc.d
-  if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
-    trap 'rm -f "$policy"' EXIT
-  fi
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  if [[ " ${missing[*]} " == *" openssh-server "* ]] && command -v systemctl >/dev/null \
-      && [ -d /run/systemd/system ]; then
-    systemctl disable --now ssh.service >/dev/null 2>&1 || true
-  fi
 fi
 
 if ! command -v terraform >/dev/null; then

@@ -11,6 +11,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+# Every test's state root is its own, but the base image, the apt cache and the wheelhouse are shared
+# (built once, as on a user's machine): the repository's own state root holds them.
+os.environ.setdefault("TFCLUSTER_CACHE", str(REPO / ".tfcluster"))
 
 
 def run_cli(*args: str, home: Path, env: dict | None = None, timeout: int = 600,

@@ -1,10 +1,12 @@
 """Local provider nodes: what ``terraform/local`` runs in its create and destroy provisioners.
 
 A node is a network namespace on the cluster's bridge (its own address), a UTS namespace (its own
-hostname) and a mount namespace whose root is an overlay of the host's ``/`` with a per-node upper
-directory, so installs on one node touch neither the host nor the other nodes. Its sshd, with a per-node
-host key and the run's client key, is the node's first process; everything Ansible starts on it is a
-child of that sshd and lives in the same namespaces.
+hostname) and a mount namespace whose root is an overlay of the local base image (``tfcluster.image``:
+bare Debian 12, as a cloud VM boots) with a per-node upper directory, so installs on one node touch
+neither the image nor the other nodes. As cloud-init does on a cloud VM, the node gets host keys of its
+own, the run's public key for the image's non-root user (who has password-less sudo) and, the node having
+no route beyond its bridge, the cluster's apt proxy. Its sshd is the node's first process; everything
+Ansible starts on it is a child of that sshd and lives in the same namespaces.
 
 Called as ``python -m tfcluster.localnode ACTION JSON`` (ACTION: network-up, network-down, node-up,
 node-down); the JSON object carries the module's inputs, so destroy works from Terraform state alone.
@@ -22,6 +24,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .errors import TfclusterError
+from .image import user_ids
 
 NETNS_PREFIX = "tfc_"
 FAULT_ENV = "TFCLUSTER_FAULT_NODE_UP"  # test hook: "<node>:fail" or "<node>:nosshd"
@@ -105,12 +110,12 @@ ListenAddress {ip}
 Port 22
 HostKey /etc/ssh/tfcluster_host_ed25519_key
 PidFile /run/tfcluster-sshd.pid
-PermitRootLogin prohibit-password
-AllowUsers root
+PermitRootLogin no
+AllowUsers {ssh_user}
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
-AuthorizedKeysFile /etc/ssh/tfcluster_authorized_keys
+AuthorizedKeysFile .ssh/authorized_keys
 StrictModes yes
 PrintMotd no
 MaxStartups 64:30:128
@@ -120,48 +125,70 @@ ClientAliveCountMax 4
 Subsystem sftp internal-sftp
 """
 
+#: apt on a node goes through the cluster's proxy (tfcluster.aptproxy), as cloud-init's `apt: proxy` sets it
+APT_PROXY_CONF = """\
+// tfcluster local node: the node has no route beyond its bridge; the cluster's apt proxy fetches for it.
+Acquire::http::Proxy "{apt_proxy}";
+"""
+
 INIT_SCRIPT = """\
 set -eu
 hostname "$TFC_NAME"
 M="$TFC_DIR/merged"
-mount -t overlay overlay -o "lowerdir=/,upperdir=$TFC_DIR/upper,workdir=$TFC_DIR/work" "$M"
+mount -t overlay overlay -o "lowerdir=$TFC_IMAGE,upperdir=$TFC_DIR/upper,workdir=$TFC_DIR/work" "$M"
 mount -t proc proc "$M/proc"
 mount -t sysfs sysfs "$M/sys"
 mount --rbind /dev "$M/dev"
 mount -t tmpfs -o mode=0755 tmpfs "$M/run"
-mkdir -p "$M/run/sshd" "$M/run/netns"
-# The host's secrets stay the host's: homes, /tmp and tfcluster's state (keys, store credentials).
-for d in /root /home /tmp "$TFC_STATE_ROOT"; do
-    [ -d "$M$d" ] && mount -t tmpfs -o mode=0700 tmpfs "$M$d"
-done
-chmod 1777 "$M/tmp"
-echo "node $TFC_NAME: root is an overlay of / (upper: $TFC_DIR/upper); /root /home /tmp and $TFC_STATE_ROOT masked"
+mkdir -p "$M/run/sshd"
+echo "node $TFC_NAME: root is an overlay of the base image $TFC_IMAGE (upper: $TFC_DIR/upper)"
 cd /
 if [ "${TFC_NOSSHD:-}" = 1 ]; then exec sleep infinity; fi
 exec chroot "$M" /usr/sbin/sshd -D -e -f /etc/ssh/tfcluster_sshd_config
 """
 
 
+def _mkdir(path: Path, mode: int, owner: tuple[int, int] = (0, 0)) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, mode)
+    os.chown(path, *owner)
+
+
+def _write(path: Path, text: str, mode: int, owner: tuple[int, int] = (0, 0)) -> None:
+    path.write_text(text)
+    os.chmod(path, mode)
+    os.chown(path, *owner)
+
+
 def _prepare_root(node_dir: Path, p: dict) -> None:
-    upper = node_dir / "upper"
+    """What cloud-init does on a cloud VM's first boot: hostname, host keys, the user's key, apt proxy."""
+    image_root, upper, user = Path(p["image_root"]), node_dir / "upper", p["ssh_user"]
+    if not (image_root / "usr" / "sbin" / "sshd").exists():
+        raise NodeError(f"node {p['name']}: {image_root} is not a base image with sshd (see tfcluster.image)")
     for d in ("work", "merged"):
         (node_dir / d).mkdir(parents=True, exist_ok=True)
+    _mkdir(upper, 0o755)
+    _mkdir(upper / "etc", 0o755)
     ssh_dir = upper / "etc" / "ssh"
-    ssh_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(upper / "etc", 0o755)
-    os.chmod(ssh_dir, 0o755)
+    _mkdir(ssh_dir, 0o755)
     key = ssh_dir / "tfcluster_host_ed25519_key"
     if not key.exists():
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", p["name"], "-f", str(key)],
                        check=True, capture_output=True)
-    (ssh_dir / "tfcluster_sshd_config").write_text(SSHD_CONFIG.format(**p))
-    auth = ssh_dir / "tfcluster_authorized_keys"
-    auth.write_text(p["ssh_public_key"].strip() + "\n")
-    os.chmod(auth, 0o600)
-    (upper / "etc" / "hostname").write_text(p["name"] + "\n")
-    hosts = upper / "etc" / "hosts"
-    hosts.write_text(f"127.0.0.1 localhost\n{p['ip']} {p['name']}\n")
-    os.chmod(hosts, 0o644)
+    _write(ssh_dir / "tfcluster_sshd_config", SSHD_CONFIG.format(**p), 0o644)
+    uid, gid = user_ids(image_root, user)
+    home = upper / "home" / user
+    _mkdir(upper / "home", 0o755)
+    _mkdir(home, 0o755, (uid, gid))
+    _mkdir(home / ".ssh", 0o700, (uid, gid))
+    _write(home / ".ssh" / "authorized_keys", p["ssh_public_key"].strip() + "\n", 0o600, (uid, gid))
+    _write(upper / "etc" / "hostname", p["name"] + "\n", 0o644)
+    _write(upper / "etc" / "hosts", f"127.0.0.1 localhost\n{p['ip']} {p['name']}\n", 0o644)
+    if p.get("apt_proxy"):
+        conf_dir = upper / "etc" / "apt" / "apt.conf.d"
+        _mkdir(upper / "etc" / "apt", 0o755)
+        _mkdir(conf_dir, 0o755)
+        _write(conf_dir / "01tfcluster-proxy", APT_PROXY_CONF.format(apt_proxy=p["apt_proxy"]), 0o644)
 
 
 def _wait_port(ip: str, port: int, timeout: float, alive) -> bool:
@@ -224,7 +251,7 @@ def node_up(p: dict) -> None:
         raise NodeError(f"node {name}: injected failure ({FAULT_ENV})")
 
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TFC_NAME": name, "TFC_DIR": str(node_dir),
-           "TFC_STATE_ROOT": str(node_dir.parents[2]),
+           "TFC_IMAGE": p["image_root"],
            "TFC_NOSSHD": "1" if fault == "nosshd" else ""}
     console = open(node_dir / "console.log", "ab")
     proc = subprocess.Popen(
@@ -290,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         ACTIONS[argv[0]](json.loads(argv[1]))
-    except (NodeError, subprocess.CalledProcessError) as exc:
+    except (NodeError, TfclusterError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or ""
         print(f"tfcluster.localnode {argv[0]}: {exc} {detail}".strip(), file=sys.stderr)
         return 1

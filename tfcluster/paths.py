@@ -23,6 +23,14 @@ def state_root() -> Path:
     return Path(os.environ.get("TFCLUSTER_HOME", REPO / ".tfcluster")).resolve()
 
 
+def cache_root() -> Path:
+    """Where what every cluster shares is kept: base images, the apt cache, the wheelhouse.
+
+    The state root by default; ``TFCLUSTER_CACHE`` moves it (the tests share one across their state roots).
+    """
+    return Path(os.environ.get("TFCLUSTER_CACHE") or state_root()).resolve()
+
+
 def artifacts_root() -> Path:
     return Path(os.environ.get("TFCLUSTER_ARTIFACTS", REPO / "artifacts")).resolve()
 

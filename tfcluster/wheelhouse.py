@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import TfclusterError
-from .paths import state_root
+from .paths import cache_root
 
 EXTRA_PACKAGES = ("boto3",)
 
@@ -37,7 +37,7 @@ def packages_for(gpus: list[int]) -> list[str]:
 
 def path_for(version: str, packages: list[str]) -> Path:
     kind = "+".join("gpu" if "cuda" in p else "cpu" for p in packages)
-    return state_root() / "_wheelhouse" / f"tf-{version}-{kind}-py{sys.version_info.major}{sys.version_info.minor}"
+    return cache_root() / "_wheelhouse" / f"tf-{version}-{kind}-py{sys.version_info.major}{sys.version_info.minor}"
 
 
 def ensure(version: str, packages: list[str] = ("tensorflow-cpu",), log=print) -> Path:

@@ -9,6 +9,8 @@ locals {
   prefixlen = tonumber(split("/", local.subnet)[1])
   gateway   = cidrhost(local.subnet, 1)
   cluster_h = substr(sha1(var.cluster_name), 0, 10)
+  ssh_user  = var.ssh_user == "" ? "debian" : var.ssh_user
+  apt_proxy = "http://${local.gateway}:3142"
 
   ordered = concat(
     [for i in range(var.ps_count) : { role = "ps", index = i }],
@@ -43,8 +45,35 @@ resource "terraform_data" "network" {
   }
 }
 
+# The cluster's apt proxy (tfcluster/aptproxy.py) on the bridge's address: the nodes' only way to the
+# Debian archive, as long as the cluster lives.
+resource "terraform_data" "apt_proxy" {
+  input = {
+    python        = local.python
+    listen_ip     = local.gateway
+    port          = 3142
+    cache_dir     = var.provider_options["apt_cache_dir"]
+    state_dir     = local.state_dir
+    bridge        = terraform_data.network.output.bridge
+    clients       = local.subnet
+    allowed_hosts = ["deb.debian.org"]
+  }
+
+  provisioner "local-exec" {
+    interpreter = [self.input.python, "-m", "tfcluster.aptproxy", "start"]
+    command     = jsonencode(self.input)
+  }
+
+  provisioner "local-exec" {
+    when        = destroy
+    interpreter = [self.input.python, "-m", "tfcluster.aptproxy", "stop"]
+    command     = jsonencode(self.input)
+  }
+}
+
 resource "terraform_data" "node" {
-  for_each = { for n in local.nodes : n.name => n }
+  for_each   = { for n in local.nodes : n.name => n }
+  depends_on = [terraform_data.apt_proxy]
 
   input = {
     python         = local.python
@@ -57,6 +86,9 @@ resource "terraform_data" "node" {
     veth           = format("tfv%s%02x", substr(local.cluster_h, 0, 6), each.value.position)
     node_dir       = "${local.state_dir}/nodes/${each.value.name}"
     ssh_public_key = var.ssh_public_key
+    ssh_user       = local.ssh_user
+    image_root     = var.provider_options["image_root"]
+    apt_proxy      = local.apt_proxy
     ssh_timeout    = lookup(var.provider_options, "ssh_timeout", "20")
     store_ip       = lookup(var.provider_options, "store_ip", "")
   }

@@ -6,7 +6,7 @@ output "nodes" {
     index      = n.index
     private_ip = n.private_ip
     public_ip  = n.private_ip
-    ssh_user   = var.ssh_user == "" ? "root" : var.ssh_user
+    ssh_user   = local.ssh_user
     ssh_port   = 22
     gpus       = 0
   }]

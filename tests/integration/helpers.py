@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
 from tests.conftest import REPO
 from tfcluster import localnode
+from tfcluster.image import IMAGE_USER
 
 
 def make(target: str, home: Path, timeout: int = 900, env: dict | None = None,
@@ -17,12 +19,32 @@ def make(target: str, home: Path, timeout: int = 900, env: dict | None = None,
     return subprocess.run(args, capture_output=True, text=True, env=full_env, timeout=timeout)
 
 
-def ssh(home: Path, cluster: str, ip: str, command: str, timeout: int = 30) -> subprocess.CompletedProcess:
+def ssh(home: Path, cluster: str, ip: str, command: str, timeout: int = 30, as_root: bool = True,
+        user: str = IMAGE_USER) -> subprocess.CompletedProcess:
+    """Run a shell command on a local node, logged in as the base image's user; with root's rights
+    (through sudo, as on a cloud VM) unless as_root is False."""
     ssh_dir = home / cluster / "ssh"
+    if as_root:
+        command = f"sudo -n sh -c {shlex.quote(command)}"
     return subprocess.run(
         ["ssh", "-i", str(ssh_dir / "id_ed25519"), "-o", f"UserKnownHostsFile={ssh_dir / 'known_hosts'}",
          "-o", "StrictHostKeyChecking=accept-new", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-         f"root@{ip}", command], capture_output=True, text=True, timeout=timeout)
+         f"{user}@{ip}", command], capture_output=True, text=True, timeout=timeout)
+
+
+def processes_with_cmdline(*markers: str) -> list[int]:
+    """PIDs whose command line mentions every marker (the apt proxy carries its cluster's state dir)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            if all(m.encode() in cmdline for m in markers):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
 
 
 def processes_with_env(marker: str) -> list[int]:
@@ -46,6 +68,7 @@ def leftovers(home: Path, cluster: str) -> list[str]:
         found.append("bridge")
     found += [f"veth {v}" for v in localnode.list_links(localnode.veth_prefix(cluster))]
     found += [f"process {p}" for p in processes_with_env(f"TFC_DIR={home / cluster}")]
+    found += [f"apt proxy {p}" for p in processes_with_cmdline("tfcluster.aptproxy", str(home / cluster))]
     for sub in ("nodes", "ssh", "terraform"):
         if (home / cluster / sub).exists():
             found.append(f"state {sub}/")

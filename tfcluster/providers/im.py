@@ -7,7 +7,7 @@ is recorded in ``.tfcluster/<cluster>/im.json`` *before* anything is created (wi
 also in the RADL's description), so ``down`` works from state alone, also after an interrupted ``up``.
 
 ``adopt_local: "true"`` is for tests and laptops: local-provider nodes are created first and IM adopts
-them through its ``DeployedNode`` connector (one system per node, naming its address, the user root and
+them through its ``DeployedNode`` connector (one system per node, naming its address, the base image's user and
 the run's private key). The key text goes to IM in the request body only: neither the RADL nor a log
 line holding it is ever written here.
 
@@ -332,7 +332,7 @@ class ImProvider(Provider):
         if s["adopt_local"]:
             local_nodes = LocalProvider(self.state).up(_local_spec(spec), public_key)
             adopted = [radl_render.AdoptedNode(n.name, n.role, n.index, n.private_ip) for n in local_nodes]
-            user = "root"
+            user = local_nodes[0].ssh_user  # the base image's user (sudo), as on a cloud image
             # the adopted systems go to the DeployedNode credential, whatever else the auth file holds
             options.setdefault("cloud_id", (auth_ids(Path(s["auth_file"]), "DeployedNode") or [""])[0])
         else:

@@ -9,10 +9,11 @@ import sys
 import zlib
 from urllib.parse import urlsplit
 
-from .. import localnode, store
+from .. import aptproxy, image, localnode, store
 from ..config import RunSpec
 from ..errors import ConfigError
-from .base import TerraformProvider, register
+from ..paths import cache_root
+from .base import Node, TerraformProvider, register
 
 #: auto subnets are 10.231.<k>.0/24 with k from the cluster name; the local store uses 10.231.255.0/24
 AUTO_BASE = "10.231"
@@ -51,8 +52,9 @@ class LocalProvider(TerraformProvider):
         if endpoint != "auto" and urlsplit(endpoint).hostname != store_ip:
             raise ConfigError("storage.endpoint", endpoint,
                               f"'auto' or a URL on {store_ip} on the local provider (its nodes reach nothing else)")
-        if spec.get("ssh.user") not in ("", "root"):
-            raise ConfigError("ssh.user", spec.get("ssh.user"), "'' or root on the local provider")
+        if spec.get("ssh.user") not in ("", image.IMAGE_USER):
+            raise ConfigError("ssh.user", spec.get("ssh.user"),
+                              f"'' or {image.IMAGE_USER} (the base image's user, with sudo) on the local provider")
         subnet = ipaddress.ip_network(subnet_for(spec))
         if subnet.num_addresses - 11 < spec.node_total:
             raise ConfigError("network.subnet", str(subnet), f"a network with room for {spec.node_total} nodes")
@@ -66,11 +68,19 @@ class LocalProvider(TerraformProvider):
                 raise ConfigError("network.subnet", str(subnet),
                                   f"a network not already routed on this machine ({net} is on {dev})")
 
+    def up(self, spec: RunSpec, public_key: str) -> list[Node]:
+        from ..cluster import say
+
+        image.ensure(log=say)  # once per recipe, shared by every cluster
+        return super().up(spec, public_key)
+
     def provider_options(self, spec: RunSpec) -> dict[str, str]:
         return {
             "python": sys.executable,
             "state_dir": str(self.state.dir),
             "subnet": subnet_for(spec),
+            "image_root": str(image.rootfs(image.default_recipe())),
+            "apt_cache_dir": str(cache_root() / "_aptcache"),
             "ssh_timeout": str(min(spec.get("ssh.timeout_seconds"), 120)),
             "store_ip": store.store_addr()[0],
         }
@@ -92,6 +102,9 @@ class LocalProvider(TerraformProvider):
             found.append(f"veth {link}")
         if self.state.node_root.exists() and any(self.state.node_root.iterdir()):
             found.append(f"node directories under {self.state.node_root}")
+        pid = aptproxy.running_pid(self.state.dir)
+        if pid:
+            found.append(f"apt proxy process {pid}")
         return found
 
     def force_cleanup(self) -> None:
@@ -108,3 +121,4 @@ class LocalProvider(TerraformProvider):
             subprocess.run(["ip", "link", "del", br], capture_output=True)
         if self.state.node_root.exists():
             shutil.rmtree(self.state.node_root, ignore_errors=True)
+        aptproxy.stop({"state_dir": str(self.state.dir)})
