@@ -94,20 +94,38 @@ def ssh_command(state: ClusterState, node: Node, command: str, timeout: int = 10
             "-p", str(node.ssh_port), f"{node.ssh_user}@{node.public_ip}", command]
 
 
+def as_root(node: Node, command: str) -> str:
+    """A node command that needs root's rights (the task's state directory is root's, 0750): through
+    sudo for the non-root users of cloud images and of the local base image."""
+    return command if node.ssh_user == "root" else f"sudo -n {command}"
+
+
+class NodeCommandError(TfclusterError):
+    """The node answered, but the command failed (as opposed to a node that does not answer)."""
+
+
 def node_task_status(state: ClusterState, node: Node, timeout: int = 10) -> dict | None:
-    """The node's supervisor and task status, or None when the node does not answer."""
+    """The node's supervisor and task status; None when the node does not answer (ssh exit 255 or no
+    answer in time). A node that answers with an error raises NodeCommandError naming it."""
+    command = as_root(node, f"/usr/local/bin/tfc-supervise status --dir {TASK_DIR}")
     try:
-        res = subprocess.run(ssh_command(state, node, f"/usr/local/bin/tfc-supervise status --dir {TASK_DIR}",
-                                         timeout=min(timeout, 10)),
+        res = subprocess.run(ssh_command(state, node, command, timeout=min(timeout, 10)),
                              capture_output=True, text=True, timeout=timeout + 5)
     except subprocess.TimeoutExpired:
         return None
+    if res.returncode == 255:
+        return None
     if res.returncode != 0:
-        return None
+        raise NodeCommandError(f"{node.name}: '{command}' failed (exit {res.returncode}): "
+                               f"{(res.stderr or res.stdout).strip()[-500:]}")
     try:
-        return json.loads(res.stdout.strip().splitlines()[-1])
+        got = json.loads(res.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return None
+        raise NodeCommandError(f"{node.name}: '{command}' printed no status: {res.stdout.strip()[-300:]!r}") \
+            from None
+    if not isinstance(got, dict):
+        raise NodeCommandError(f"{node.name}: '{command}' printed {got!r}, not a status")
+    return got
 
 
 def _extra_vars(state: ClusterState, name: str, data: dict) -> Path:
@@ -197,14 +215,21 @@ def _progress_line(task: dict, sup: dict, eta_s: float | None) -> str:
 def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 2.0) -> dict:
     """Poll the chief's status and print progress until its task ends; return the last status."""
     deadline = time.monotonic() + timeout_s
-    last_line, misses, first = "", 0, None
+    last_line, misses, errors, first = "", 0, 0, None
     while time.monotonic() < deadline:
-        got = node_task_status(state, chief)
+        try:
+            got = node_task_status(state, chief)
+            errors = 0
+        except NodeCommandError:
+            errors += 1
+            if errors >= 3:  # not a passing hiccup: the status cannot be read, so waiting is pointless
+                raise
+            got = {}
         if got is None:
             misses += 1
             if misses * poll_s > 60:
                 raise TfclusterError(f"the chief {chief.name} has not answered for {misses * poll_s:.0f}s")
-        else:
+        elif got:
             misses = 0
             sup, task = got.get("supervisor", {}), got.get("task") or {}
             step, total, eta = task.get("step", 0), task.get("total", 0), None
@@ -413,7 +438,11 @@ def fetch_logs_before_down(cluster: str) -> None:
 def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:
     out = {}
     for n in nodes:
-        got = node_task_status(state, n, timeout=5)
+        try:
+            got = node_task_status(state, n, timeout=5)
+        except NodeCommandError as exc:
+            out[n.name] = f"error: {exc}"
+            continue
         if got is None:
             out[n.name] = "no answer"
             continue
@@ -433,11 +462,15 @@ def show_log(cluster: str, node_name: str, lines: int = 200) -> int:
     state = ClusterState(cluster)
     nodes = {n.name: n for n in read_nodes(state.nodes)}
     if node_name in nodes:
-        res = subprocess.run(ssh_command(state, nodes[node_name], f"tail -n {lines} {TASK_DIR}/node.log"),
+        node = nodes[node_name]
+        res = subprocess.run(ssh_command(state, node, as_root(node, f"tail -n {lines} {TASK_DIR}/node.log")),
                              capture_output=True, text=True, timeout=30)
         if res.returncode == 0:
             sys.stdout.write(res.stdout)
             return 0
+        if res.returncode != 255 and "No such file" not in res.stderr:
+            raise TfclusterError(f"{node_name}: reading its log failed (exit {res.returncode}): "
+                                 f"{res.stderr.strip()[-500:]}")
     run = read_run(state)
     fetched = state.logs / run.get("run_id", "-") / node_name / "node.log"
     if fetched.exists():
