@@ -49,13 +49,13 @@ def test_up_ping_isolation_down_twice(home, cluster):
     seen_ips = set()
     for n in nodes:
         out = ssh(home, cluster, n["private_ip"],
-                  "hostname; ip -4 -o addr show dev eth0 | awk '{print $4}'; "
+                  "hostname; hostname -I; "
                   f"echo {n['name']} > /etc/tfct-private; cat /etc/tfct-private; ls /etc/tfct-* | wc -l; "
                   f"python3 -c 'import urllib.request as u; print(u.urlopen(\"{store.local_endpoint()}\").status)'")
         assert out.returncode == 0, out.stderr
         hostname, addr, private, count, s3 = out.stdout.split()
         assert hostname == n["name"]
-        assert addr == f"{n['private_ip']}/24"
+        assert addr == n["private_ip"]
         assert private == n["name"] and count == "1"
         assert s3 == "200"
         seen_ips.add(addr)

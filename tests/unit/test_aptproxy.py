@@ -1,0 +1,128 @@
+"""The local nodes' apt proxy against a stand-in archive on loopback: caching, freshness, refusals."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+
+from tfcluster import aptproxy
+
+
+class Archive(http.server.BaseHTTPRequestHandler):
+    """A tiny stand-in for the Debian archive that counts requests per path."""
+
+    files: dict[str, bytes] = {}
+    hits: dict[str, int] = {}
+    down = False
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):  # noqa: N802
+        Archive.hits[self.path] = Archive.hits.get(self.path, 0) + 1
+        if Archive.down:
+            self.send_error(503)
+            return
+        body = Archive.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _serve(server):
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return server
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    Archive.files = {"/debian/pool/main/h/hello/hello_1.deb": b"package-bytes" * 1000,
+                     "/debian/dists/bookworm/InRelease": b"release-1"}
+    Archive.hits, Archive.down = {}, False
+    archive = _serve(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Archive))
+    proxy = _serve(aptproxy.make_server({"listen_ip": "127.0.0.1", "port": 0, "clients": "127.0.0.0/8",
+                                         "cache_dir": str(tmp_path / "cache"), "allowed_hosts": ["127.0.0.1"]}))
+    base = f"http://127.0.0.1:{archive.server_address[1]}"
+    yield base, proxy.server_address[1], tmp_path / "cache"
+    for server in (proxy, archive):
+        server.shutdown()
+        server.server_close()
+
+
+def get(port: int, url: str, method: str = "GET") -> tuple[int, bytes, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, url)
+        res = conn.getresponse()
+        return res.status, res.read(), res.getheader("X-Cache") or ""
+    finally:
+        conn.close()
+
+
+def test_packages_are_fetched_once_then_served_from_the_cache(setup):
+    base, port, cache = setup
+    url = f"{base}/debian/pool/main/h/hello/hello_1.deb"
+    assert get(port, url) == (200, Archive.files["/debian/pool/main/h/hello/hello_1.deb"], "miss")
+    assert get(port, url) == (200, Archive.files["/debian/pool/main/h/hello/hello_1.deb"], "hit")
+    assert Archive.hits["/debian/pool/main/h/hello/hello_1.deb"] == 1
+    assert (cache / "127.0.0.1" / "debian" / "pool" / "main" / "h" / "hello" / "hello_1.deb").is_file()
+
+
+def test_release_files_are_fetched_fresh_and_the_cached_copy_serves_when_the_archive_fails(setup):
+    base, port, _ = setup
+    url = f"{base}/debian/dists/bookworm/InRelease"
+    assert get(port, url)[:2] == (200, b"release-1")
+    Archive.files["/debian/dists/bookworm/InRelease"] = b"release-2"
+    assert get(port, url)[:2] == (200, b"release-2")          # not a stale cached copy
+    assert Archive.hits["/debian/dists/bookworm/InRelease"] == 2
+    Archive.down = True
+    status, body, how = get(port, url)
+    assert (status, body) == (200, b"release-2") and how.startswith("stale")
+
+
+def test_missing_upstream_file_is_404_and_nothing_is_cached(setup):
+    base, port, cache = setup
+    assert get(port, f"{base}/debian/dists/bookworm/main/i18n/Translation-xx")[0] == 404
+    assert not (cache / "127.0.0.1" / "debian" / "dists" / "bookworm" / "main").exists()
+
+
+def test_only_the_archive_hosts_are_served(setup):
+    _, port, _ = setup
+    status, body, _ = get(port, "http://example.org/debian/dists/bookworm/InRelease")
+    assert status == 403 and b"only http://{127.0.0.1}/" in body
+    assert get(port, "https://127.0.0.1/x")[0] == 403
+    assert get(port, "example.org:443", method="CONNECT")[0] == 403
+
+
+def test_paths_that_would_escape_the_cache_are_refused(setup):
+    base, port, _ = setup
+    assert get(port, f"{base}/debian/../../etc/passwd")[0] == 400
+    assert get(port, f"{base}/debian/pool/x.deb?a=b")[0] == 400
+
+
+def test_clients_outside_the_cluster_subnet_are_refused(tmp_path):
+    proxy = _serve(aptproxy.make_server({"listen_ip": "127.0.0.1", "port": 0, "clients": "10.231.7.0/24",
+                                         "cache_dir": str(tmp_path / "c"), "allowed_hosts": ["127.0.0.1"]}))
+    try:
+        status, body, _ = get(proxy.server_address[1], "http://127.0.0.1/debian/dists/bookworm/InRelease")
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert status == 403 and b"its cluster's nodes only" in body
+
+
+def test_cache_path_rejects_dot_segments(tmp_path):
+    assert aptproxy.cache_path(tmp_path, "http://h/a/../b") is None
+    assert aptproxy.cache_path(tmp_path, "http://h/a/b") == tmp_path / "h" / "a" / "b"
+    assert aptproxy.immutable("http://h/debian/pool/main/p.deb")
+    assert aptproxy.immutable("http://h/debian/dists/bookworm/main/binary-amd64/by-hash/SHA256/ab")
+    assert not aptproxy.immutable("http://h/debian/dists/bookworm/InRelease")
