@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,12 @@ def home(tmp_path: Path) -> Path:
     h.mkdir()
     assert len(str(h)) > 108
     return h
+
+
+def interruptible() -> None:
+    """preexec_fn for a child a test will Ctrl-C: a job started in the background (`make test &`, nohup,
+    some CI runners) inherits SIGINT ignored, and the child would never see the interrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def needs_root():

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, needs_root
+from tests.conftest import PYTHON, REPO, interruptible, needs_root
 from tests.integration.helpers import force_down, leftovers, make, ssh
 from tfcluster import ansible_run, store
 from tfcluster.paths import ClusterState
@@ -89,7 +89,8 @@ def test_failure_midway_then_down_cleans_up(home, cluster):
 def test_interrupted_up_then_down_cleans_up(home, cluster):
     env = dict(os.environ, TFCLUSTER_HOME=str(home), TFCLUSTER_FAULT_NODE_UP=f"{cluster}-chief-0:nosshd")
     proc = subprocess.Popen([PYTHON, "-m", "tfcluster", "up", "--cluster", cluster], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=interruptible)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(ns.endswith("chief-0") for ns in _netns(cluster)):
         time.sleep(0.2)
@@ -113,7 +114,7 @@ def test_make_all_tears_down_after_ctrl_c(home, cluster):
     env = dict(os.environ, TFCLUSTER_HOME=str(home), TFCLUSTER_FAULT_NODE_UP=f"{cluster}-worker-0:nosshd")
     proc = subprocess.Popen(["make", "--no-print-directory", "-C", str(REPO), "all", f"CLUSTER={cluster}"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=interruptible)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(ns.endswith("worker-0") for ns in _netns(cluster)):
         time.sleep(0.2)

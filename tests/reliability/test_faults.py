@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, needs_root
+from tests.conftest import PYTHON, REPO, interruptible, needs_root
 from tests.integration.helpers import force_down, leftovers, make, ssh
 from tests.reliability.s3proxy import FaultProxy
 from tfcluster import localnode, store
@@ -67,7 +67,8 @@ class Train:
         self.out = Path(env["TFCLUSTER_HOME"]) / f"train-{time.monotonic_ns()}.log"
         self.proc = subprocess.Popen([PYTHON, "-m", "tfcluster", "train", "--skip-configure", "--cluster", CLUSTER,
                                       *ARGS, *extra], cwd=REPO, env=env, stdout=open(self.out, "w"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=interruptible)
         self.args = self.proc.args
 
     def wait(self, timeout=600) -> tuple[int, str]:
