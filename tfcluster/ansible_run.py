@@ -52,7 +52,7 @@ def ping(state: ClusterState, timeout: int = 10) -> subprocess.CompletedProcess:
 
 def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None,
              forks: int = 32, log_file: Path | None = None, env: dict[str, str] | None = None,
-             limit: str | None = None, tags: str | None = None) -> dict[str, dict[str, int]]:
+             tags: str | None = None) -> dict[str, dict[str, int]]:
     """Run ``playbooks/<name>``, streaming its output (and teeing it to log_file).
 
     Returns the recap, ``{host: {"ok": n, "changed": n, "failed": n, ...}}``; raises on failure.
@@ -61,8 +61,6 @@ def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None
            "--forks", str(max(forks, 5))]
     if extra_vars_file:
         cmd += ["-e", f"@{extra_vars_file}"]
-    if limit:
-        cmd += ["--limit", limit]
     if tags:
         cmd += ["--tags", tags]
     log = open(log_file, "a") if log_file else None

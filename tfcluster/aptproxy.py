@@ -35,6 +35,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .poll import wait_until
+
 PORT = 3142
 ALLOWED_HOSTS = ("deb.debian.org",)
 CHUNK = 1 << 16
@@ -230,15 +232,12 @@ def start(p: dict) -> None:
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                 close_fds=True, cwd="/")
     _pid_file(p).write_text(f"{proc.pid}\n")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = (logs / "aptproxy.log").read_text(errors="replace")[-1500:]
-            raise SystemExit(f"tfcluster.aptproxy: the proxy exited at start (code {proc.returncode}):\n{tail}")
-        if _answers(ip, port):
-            print(f"apt proxy: serving the Debian archive on {ip}:{port} (cache {p['cache_dir']})")
-            return
-        time.sleep(0.05)
+    if wait_until(lambda: _answers(ip, port), 10, 0.05, give_up=lambda: proc.poll() is not None):
+        print(f"apt proxy: serving the Debian archive on {ip}:{port} (cache {p['cache_dir']})")
+        return
+    if proc.poll() is not None:
+        tail = (logs / "aptproxy.log").read_text(errors="replace")[-1500:]
+        raise SystemExit(f"tfcluster.aptproxy: the proxy exited at start (code {proc.returncode}):\n{tail}")
     proc.kill()
     raise SystemExit(f"tfcluster.aptproxy: no answer on {ip}:{port} within 10s")
 
@@ -247,10 +246,7 @@ def stop(p: dict) -> None:
     pid = running_pid(Path(p["state_dir"]))
     if pid:
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-            time.sleep(0.05)
-        if Path(f"/proc/{pid}").exists():
+        if not wait_until(lambda: not Path(f"/proc/{pid}").exists(), 5, 0.05):
             os.kill(pid, signal.SIGKILL)
         print(f"apt proxy: stopped (pid {pid})")
     _pid_file(p).unlink(missing_ok=True)

@@ -10,7 +10,7 @@ import subprocess
 import time
 from contextlib import contextmanager
 
-from . import ansible_run, inventory, store
+from . import ansible_run, inventory, poll, runrecord, store
 from .config import RunSpec, flatten, resolve
 from .errors import ProvisionError, TfclusterError
 from .paths import ClusterState
@@ -64,18 +64,19 @@ def prepare_storage(spec: RunSpec) -> None:
 
 def wait_for_ssh(state: ClusterState, nodes: list[Node], timeout: int) -> None:
     """Until Ansible pings every node, or fail naming the nodes that never answered."""
-    deadline = time.monotonic() + timeout
-    while True:
-        res = ansible_run.ping(state, timeout=10)
-        bad = [n.name for n in nodes if f"{n.name} | SUCCESS" not in res.stdout]
-        if not bad:
-            say(f"ansible reaches all {len(nodes)} nodes")
-            return
-        if time.monotonic() > deadline:
-            detail = "\n".join(line for line in (res.stdout + res.stderr).splitlines()
-                               if any(b in line for b in bad))
-            raise ProvisionError(f"nodes not reachable over SSH after {timeout}s: {', '.join(bad)}\n{detail}")
-        time.sleep(2)
+    last: dict = {}
+
+    def all_answer() -> bool:
+        res = last["res"] = ansible_run.ping(state, timeout=10)
+        last["bad"] = [n.name for n in nodes if f"{n.name} | SUCCESS" not in res.stdout]
+        return not last["bad"]
+
+    if poll.wait_until(all_answer, timeout, 2):
+        say(f"ansible reaches all {len(nodes)} nodes")
+        return
+    bad, res = last["bad"], last["res"]
+    detail = "\n".join(line for line in (res.stdout + res.stderr).splitlines() if any(b in line for b in bad))
+    raise ProvisionError(f"nodes not reachable over SSH after {timeout}s: {', '.join(bad)}\n{detail}")
 
 
 def up(spec: RunSpec) -> list[Node]:
@@ -98,7 +99,7 @@ def up(spec: RunSpec) -> list[Node]:
             raise ProvisionError(f"{exc}\nprovisioning failed; 'make down CLUSTER={spec.cluster}' removes "
                                  f"whatever was created") from None
     write_nodes(state.nodes, nodes)
-    inventory.write(state, nodes, spec.get("network.tf_port"), spec.provider)
+    inventory.write(state, nodes, spec.get("network.tf_port"))
     with phase("wait for SSH on every node"):
         wait_for_ssh(state, nodes, spec.get("ssh.timeout_seconds"))
     print_nodes(nodes)
@@ -135,12 +136,11 @@ def status(cluster: str, task_states=None) -> int:
     answers = {n.name: ("ssh ok" if ssh_answers(n) else "ssh DOWN") for n in nodes}
     tasks = task_states(state, [n for n in nodes if answers[n.name] == "ssh ok"]) if task_states else {}
     print_nodes(nodes, {k: v + (f", task: {tasks[k]}" if k in tasks else "") for k, v in answers.items()})
-    run = state.run
-    if run.exists():
-        rec = json.loads(run.read_text())
+    rec = runrecord.read(state)
+    if rec:
         acc = f", test accuracy {rec['test_accuracy']:.4f}" if "test_accuracy" in rec else ""
         left = ""
-        if rec.get("state") == "started" and rec.get("deadline"):
+        if rec.get("state") == runrecord.RunState.STARTED and rec.get("deadline"):
             left = f", {max(0, rec['deadline'] - time.time()) / 60:.1f} min left before the nodes stop it"
         print(f"run {rec.get('run_id')}: {rec.get('state')}{acc}{left} ({rec.get('s3_prefix', '')})")
     return 0 if all(v == "ssh ok" for v in answers.values()) else 1
@@ -163,7 +163,7 @@ def down(cluster: str, provider_name: str | None = None) -> None:
     left = provider.leftovers()
     if left:
         raise ProvisionError(f"cluster {cluster}: still present after down:\n  " + "\n  ".join(left))
-    for path in (state.ssh_dir, state.terraform_dir, state.control_dir, state.dir / "cp", state.dir / "ansible-tmp",
+    for path in (state.ssh_dir, state.terraform_dir, state.control_dir, state.dir / "ansible-tmp",
                  state.dir / "vars"):
         shutil.rmtree(path, ignore_errors=True)
     for path in (state.nodes, state.inventory, state.spec):

@@ -1,6 +1,5 @@
 """Error types and the exit codes the CLI maps them to."""
 
-EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2  # bad configuration or arguments: nothing was created
 

@@ -22,11 +22,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from .errors import TfclusterError
 from .image import user_ids
+from .poll import wait_until
 
 NETNS_PREFIX = "tfc_"
 FAULT_ENV = "TFCLUSTER_FAULT_NODE_UP"  # test hook: "<node>:fail" or "<node>:nosshd"
@@ -191,19 +191,17 @@ def _prepare_root(node_dir: Path, p: dict) -> None:
         _write(conf_dir / "01tfcluster-proxy", APT_PROXY_CONF.format(apt_proxy=p["apt_proxy"]), 0o644)
 
 
+def _ssh_banner(ip: str, port: int) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=1.0) as s:
+            return s.recv(4).startswith(b"SSH")
+    except OSError:
+        return False
+
+
 def _wait_port(ip: str, port: int, timeout: float, alive) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive():
-            return False
-        try:
-            with socket.create_connection((ip, port), timeout=1.0) as s:
-                if s.recv(4).startswith(b"SSH"):
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.1)
-    return False
+    """Whether sshd answers within the timeout (False at once when the node's init has died)."""
+    return bool(wait_until(lambda: _ssh_banner(ip, port), timeout, 0.1, give_up=lambda: not alive()))
 
 
 def _fault_for(name: str) -> str:
@@ -272,26 +270,15 @@ def node_up(p: dict) -> None:
 def kill_netns_processes(ns: str, grace: float = 5.0) -> int:
     """End every process in a namespace: TERM, then KILL after the grace period. Returns how many."""
     pids = netns_pids(ns)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and netns_pids(ns):
-        time.sleep(0.1)
-    for pid in netns_pids(ns):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and netns_pids(ns):
-        time.sleep(0.05)
-    left = netns_pids(ns)
-    if left:
-        raise NodeError(f"namespace {ns}: processes {left} survived SIGKILL")
-    return len(pids)
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for pid in netns_pids(ns):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if wait_until(lambda: not netns_pids(ns), wait, 0.05):
+            return len(pids)
+    raise NodeError(f"namespace {ns}: processes {netns_pids(ns)} survived SIGKILL")
 
 
 def node_down(p: dict) -> None:

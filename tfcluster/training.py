@@ -1,54 +1,25 @@
 """configure, train, publish/verify, logs: the run on an up cluster.
 
-A run has an id and a record in ``.tfcluster/<cluster>/run.json`` whose ``state`` is one of
-``started``, ``interrupted``, ``failed``, ``unpublished`` (trained, but S3 did not take the result; it is
-kept on the chief), ``unverified`` (the chief published, the controller has not verified it yet),
-``verified``, ``verify_failed`` and ``abandoned`` (its cluster was destroyed while the run was open).
-A run that did not finish keeps its id, so the next ``make train`` with the same model and batch size
-resumes from its checkpoints; any other state, or other settings, make the next ``make train`` start a
-new run. ``down`` refuses while the record says the only copy of a model might be lost
-(see :func:`down_guard`).
+The run's record and its states are in :mod:`tfcluster.runrecord`; commands on the nodes outside
+Ansible in :mod:`tfcluster.remote`.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from . import ansible_run, store, wheelhouse
+from . import ansible_run, poll, remote, runrecord, store, wheelhouse
 from .cluster import down as destroy_cluster
 from .cluster import load_spec, phase, say
 from .config import RunSpec
-from .errors import GuardError, TfclusterError
+from .errors import ConfigError, GuardError, TfclusterError
 from .paths import TRAIN_DIR, ClusterState, artifacts_root
 from .providers.base import Node, read_nodes
-
-TASK_DIR = "/var/lib/tfcluster/task"
-OPEN_STATES = ("started", "unverified", "unpublished")
-
-
-# -- run record --------------------------------------------------------------------------------
-def read_run(state: ClusterState) -> dict:
-    try:
-        return json.loads(state.run.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def write_run(state: ClusterState, run: dict) -> None:
-    run["updated"] = time.time()
-    tmp = state.run.with_suffix(".tmp")
-    tmp.write_text(json.dumps(run, indent=2) + "\n")
-    tmp.replace(state.run)
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
+from .runrecord import RunState
 
 
 def harness():
@@ -84,48 +55,6 @@ def s3_env(spec: RunSpec) -> dict[str, str]:
     env = store.process_env(spec)
     return {"TFCLUSTER_S3_ACCESS_KEY_ID": env.get("AWS_ACCESS_KEY_ID", ""),
             "TFCLUSTER_S3_SECRET_ACCESS_KEY": env.get("AWS_SECRET_ACCESS_KEY", "")}
-
-
-def ssh_command(state: ClusterState, node: Node, command: str, timeout: int = 10) -> list[str]:
-    return ["ssh", "-i", str(state.ssh_key), "-o", f"UserKnownHostsFile={state.known_hosts}",
-            "-o", "StrictHostKeyChecking=accept-new", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}",
-            "-o", "ControlMaster=auto", "-o", f"ControlPath={state.ensure_control_dir()}/%C",
-            "-o", "ControlPersist=30s",
-            "-p", str(node.ssh_port), f"{node.ssh_user}@{node.public_ip}", command]
-
-
-def as_root(node: Node, command: str) -> str:
-    """A node command that needs root's rights (the task's state directory is root's, 0750): through
-    sudo for the non-root users of cloud images and of the local base image."""
-    return command if node.ssh_user == "root" else f"sudo -n {command}"
-
-
-class NodeCommandError(TfclusterError):
-    """The node answered, but the command failed (as opposed to a node that does not answer)."""
-
-
-def node_task_status(state: ClusterState, node: Node, timeout: int = 10) -> dict | None:
-    """The node's supervisor and task status; None when the node does not answer (ssh exit 255 or no
-    answer in time). A node that answers with an error raises NodeCommandError naming it."""
-    command = as_root(node, f"/usr/local/bin/tfc-supervise status --dir {TASK_DIR}")
-    try:
-        res = subprocess.run(ssh_command(state, node, command, timeout=min(timeout, 10)),
-                             capture_output=True, text=True, timeout=timeout + 5)
-    except subprocess.TimeoutExpired:
-        return None
-    if res.returncode == 255:
-        return None
-    if res.returncode != 0:
-        raise NodeCommandError(f"{node.name}: '{command}' failed (exit {res.returncode}): "
-                               f"{(res.stderr or res.stdout).strip()[-500:]}")
-    try:
-        got = json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise NodeCommandError(f"{node.name}: '{command}' printed no status: {res.stdout.strip()[-300:]!r}") \
-            from None
-    if not isinstance(got, dict):
-        raise NodeCommandError(f"{node.name}: '{command}' printed {got!r}, not a status")
-    return got
 
 
 def _extra_vars(state: ClusterState, name: str, data: dict) -> Path:
@@ -212,39 +141,57 @@ def _progress_line(task: dict, sup: dict, eta_s: float | None) -> str:
     return "  " + ", ".join(parts)
 
 
+TERMINAL_TASK_STATES = ("succeeded", "failed", "stopped", "deadline", "lost")
+
+
+class ChiefWatch:
+    """One look at the chief per call: prints progress when it changed; returns the final status once
+    its task has ended. Tolerates passing silences and errors, not lasting ones."""
+
+    def __init__(self, state: ClusterState, chief: Node, poll_s: float):
+        self.state, self.chief, self.poll_s = state, chief, poll_s
+        self.last_line, self.misses, self.errors, self.first = "", 0, 0, None
+
+    def __call__(self) -> dict | None:
+        try:
+            got = remote.task_status(self.state, self.chief)
+            self.errors = 0
+        except remote.NodeCommandError:
+            self.errors += 1
+            if self.errors >= 3:  # not a passing hiccup: the status cannot be read, so waiting is pointless
+                raise
+            return None
+        if got is None:
+            self.misses += 1
+            if self.misses * self.poll_s > 60:
+                raise TfclusterError(f"the chief {self.chief.name} has not answered for "
+                                     f"{self.misses * self.poll_s:.0f}s")
+            return None
+        self.misses = 0
+        sup, task = got.get("supervisor", {}), got.get("task") or {}
+        self._show(_progress_line(task, sup, self._eta(task)))
+        return got if sup.get("state") in TERMINAL_TASK_STATES else None
+
+    def _eta(self, task: dict) -> float | None:
+        step, total = task.get("step", 0), task.get("total", 0)
+        if task.get("phase") != "training" or not step:
+            return None
+        self.first = self.first or (time.monotonic(), step)
+        rate = (step - self.first[1]) / max(time.monotonic() - self.first[0], 1e-6)
+        return (total - step) / rate if rate > 0 else None
+
+    def _show(self, line: str) -> None:
+        if line != self.last_line:
+            print(line, flush=True)
+            self.last_line = line
+
+
 def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 2.0) -> dict:
     """Poll the chief's status and print progress until its task ends; return the last status."""
-    deadline = time.monotonic() + timeout_s
-    last_line, misses, errors, first = "", 0, 0, None
-    while time.monotonic() < deadline:
-        try:
-            got = node_task_status(state, chief)
-            errors = 0
-        except NodeCommandError:
-            errors += 1
-            if errors >= 3:  # not a passing hiccup: the status cannot be read, so waiting is pointless
-                raise
-            got = {}
-        if got is None:
-            misses += 1
-            if misses * poll_s > 60:
-                raise TfclusterError(f"the chief {chief.name} has not answered for {misses * poll_s:.0f}s")
-        elif got:
-            misses = 0
-            sup, task = got.get("supervisor", {}), got.get("task") or {}
-            step, total, eta = task.get("step", 0), task.get("total", 0), None
-            if task.get("phase") == "training" and step:
-                first = first or (time.monotonic(), step)
-                rate = (step - first[1]) / max(time.monotonic() - first[0], 1e-6)
-                eta = (total - step) / rate if rate > 0 else None
-            line = _progress_line(task, sup, eta)
-            if line != last_line:
-                print(line, flush=True)
-                last_line = line
-            if sup.get("state") in ("succeeded", "failed", "stopped", "deadline", "lost"):
-                return got
-        time.sleep(poll_s)
-    raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
+    final = poll.wait_until(ChiefWatch(state, chief, poll_s), timeout_s, poll_s)
+    if final is None:
+        raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
+    return final
 
 
 def _fetch_logs(state: ClusterState, run_id: str, forks: int, tags: str) -> Path:
@@ -269,18 +216,18 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
             (spec.provider, [spec.count(r) for r in ("ps", "worker", "chief")]):
         raise TfclusterError(f"cluster {spec.cluster} is up with another shape or provider; "
                              f"run 'make up' with the new settings first")
-    run = read_run(state)
-    if run.get("state") == "unverified":
+    run = runrecord.read(state)
+    if run.get("state") == RunState.UNVERIFIED:
         say(f"run {run['run_id']} was published but not verified yet: verifying it")
         return verify(spec, run)
     if configure_first:
         configure(spec)
     fingerprint = {"model": model_name(spec), "batch_size": spec.get("training.batch_size")}
-    resume = run.get("state") in ("started", "interrupted", "failed", "unpublished")
+    resume = run.get("state") in runrecord.RESUMABLE
     if resume and run.get("fingerprint", fingerprint) != fingerprint:
         say(f"run {run['run_id']} used {run['fingerprint']}; these settings start a new run instead")
         resume = False
-    run_id = run["run_id"] if resume else new_run_id()
+    run_id = run["run_id"] if resume else runrecord.new_id()
     settings = _run_settings(spec, run_id)
     s3 = store.client(spec)
     with phase("dataset"):
@@ -288,15 +235,15 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
                                              str(model_path(spec)))
         say(f"dataset s3://{spec.get('storage.bucket')}/{settings['s3']['dataset_prefix']}/ "
             + ("uploaded" if info["uploaded"] else "already there"))
-    run = {"run_id": run_id, "state": "started", "started": time.time(), "steps": settings["steps"],
+    run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(), "steps": settings["steps"],
            "s3_prefix": f"s3://{spec.get('storage.bucket')}/{settings['s3']['run_prefix']}/",
            "resumed": resume, "fingerprint": fingerprint}
-    write_run(state, run)
+    runrecord.write(state, run)
     say(("resuming" if resume else "starting") + f" run {run_id}: {settings['steps']} steps on "
         f"{spec.count('worker')} workers, {spec.count('ps')} ps; model → {run['s3_prefix']}")
     deadline = time.time() + settings["max_runtime_s"]
     run["deadline"] = deadline
-    write_run(state, run)
+    runrecord.write(state, run)
     extra = _extra_vars(state, "train-vars.json", {"tf_node_run": settings, "tf_node_deadline": deadline,
                                                    "tf_node_max_restarts": spec.get("training.max_restarts")})
     chief = next(n for n in nodes if n.role == "chief")
@@ -308,38 +255,38 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
         with phase("training"):
             final = wait_for_chief(state, chief, settings["max_runtime_s"] + 120)
     except KeyboardInterrupt:
-        run["state"] = "interrupted"
-        write_run(state, run)
+        run["state"] = RunState.INTERRUPTED
+        runrecord.write(state, run)
         say("interrupted: stopping every task and fetching logs (checkpoints are in S3; "
             "'make train' resumes, 'make down' removes the cluster)")
         _finish(spec, state, nodes, run_id, stop_chief=True)
         raise
     except TfclusterError:
-        run["state"] = "failed"
-        write_run(state, run)
+        run["state"] = RunState.FAILED
+        runrecord.write(state, run)
         _finish(spec, state, nodes, run_id, stop_chief=True)
         raise
     sup = final.get("supervisor", {})
     logs = _finish(spec, state, nodes, run_id, stop_chief=False)
     held = final.get("unpublished") or {}
     if sup.get("state") != "succeeded" and held.get("run_id") == run_id:
-        run.update(state="unpublished", held_on=chief.name, held_step=held.get("step"),
+        run.update(state=RunState.UNPUBLISHED, held_on=chief.name, held_step=held.get("step"),
                    held_reason=held.get("reason"), held_path=held.get("checkpoints"))
-        write_run(state, run)
+        runrecord.write(state, run)
         raise TfclusterError(
             f"training reached step {held.get('step')} but the result could not be stored in S3 "
             f"({held.get('reason')}); it is kept on {chief.name} in {held.get('checkpoints')}. "
             f"'make down' will refuse to destroy it: fix the storage and run 'make train' to publish it "
             f"(it resumes from that checkpoint), or 'make down FORCE=1' to give it up")
     if sup.get("state") != "succeeded":
-        run["state"] = "failed"
-        write_run(state, run)
+        run["state"] = RunState.FAILED
+        runrecord.write(state, run)
         tail = _log_tail(logs / chief.name / "node.log")
         raise TfclusterError(f"training failed: the chief's task ended '{sup.get('state')}' "
                              f"(exit {sup.get('exit_code')}, restarts {sup.get('restarts', 0)}); logs in {logs}\n"
                              + tail)
-    run.update(state="unverified", publish_seconds=(final.get("task") or {}).get("publish_seconds"))
-    write_run(state, run)
+    run.update(state=RunState.UNVERIFIED, publish_seconds=(final.get("task") or {}).get("publish_seconds"))
+    runrecord.write(state, run)
     return verify(spec, run)
 
 
@@ -374,13 +321,13 @@ def verify(spec: RunSpec, run: dict) -> dict:
         except TfclusterError:
             raise
         except Exception as exc:  # a bad hash, a missing file, S3 errors: the published run is not usable
-            run.update(state="verify_failed", error=f"{type(exc).__name__}: {exc}")
-            write_run(state, run)
+            run.update(state=RunState.VERIFY_FAILED, error=f"{type(exc).__name__}: {exc}")
+            runrecord.write(state, run)
             raise TfclusterError(f"verification of {run['s3_prefix']} failed: {type(exc).__name__}: {exc}; "
                                  f"the next 'make train' starts a new run") from None
-    run.update(state="verified", test_accuracy=result["test_accuracy"], artifacts=str(dest),
+    run.update(state=RunState.VERIFIED, test_accuracy=result["test_accuracy"], artifacts=str(dest),
                metrics=result.get("metrics", {}))
-    write_run(state, run)
+    runrecord.write(state, run)
     print(f"test accuracy: {result['test_accuracy']:.4f}", flush=True)
     say(f"model verified: {run['s3_prefix']} (copy in {dest})")
     return run
@@ -390,13 +337,13 @@ def verify(spec: RunSpec, run: dict) -> dict:
 def down_guard(cluster: str, force: bool) -> None:
     """Refuse to destroy a cluster whose run may hold the only copy of a model."""
     state = ClusterState(cluster)
-    run = read_run(state)
-    if force or run.get("state") not in OPEN_STATES:
+    run = runrecord.read(state)
+    if force or run.get("state") not in runrecord.OPEN:
         return
-    if run["state"] == "unverified":
+    if run["state"] == RunState.UNVERIFIED:
         why = (f"run {run['run_id']} published a model to {run['s3_prefix']} that has not been verified; "
                f"run 'make train CLUSTER={cluster}' to verify it")
-    elif run["state"] == "unpublished":
+    elif run["state"] == RunState.UNPUBLISHED:
         why = (f"run {run['run_id']} trained to step {run.get('held_step')} but could not store it in S3 "
                f"({run.get('held_reason')}); the only copy is on {run.get('held_on')} in "
                f"{run.get('held_path')}; fix the storage and run 'make train CLUSTER={cluster}' to publish it")
@@ -417,16 +364,16 @@ def teardown(spec: RunSpec, force: bool) -> None:
 def close_run_after_down(cluster: str) -> None:
     """The cluster is gone: a run it left open can no longer be resumed on it."""
     state = ClusterState(cluster)
-    run = read_run(state)
-    if run.get("state") in ("started", "unpublished", "unverified"):
-        run.update(state="abandoned", abandoned_from=run["state"])
-        write_run(state, run)
+    run = runrecord.read(state)
+    if run.get("state") in runrecord.OPEN:
+        run.update(state=RunState.ABANDONED, abandoned_from=run["state"])
+        runrecord.write(state, run)
 
 
 def fetch_logs_before_down(cluster: str) -> None:
     """Best effort: a cluster with a run gets its node logs fetched before it is destroyed."""
     state = ClusterState(cluster)
-    run, spec = read_run(state), (load_spec(state) if state.spec.exists() else None)
+    run, spec = runrecord.read(state), (load_spec(state) if state.spec.exists() else None)
     if not run or not spec or not read_nodes(state.nodes):
         return
     if state.run.stat().st_mtime < state.nodes.stat().st_mtime:
@@ -439,8 +386,8 @@ def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:
     out = {}
     for n in nodes:
         try:
-            got = node_task_status(state, n, timeout=5)
-        except NodeCommandError as exc:
+            got = remote.task_status(state, n, timeout=10)
+        except remote.NodeCommandError as exc:
             out[n.name] = f"error: {exc}"
             continue
         if got is None:
@@ -462,25 +409,18 @@ def show_log(cluster: str, node_name: str, lines: int = 200) -> int:
     state = ClusterState(cluster)
     nodes = {n.name: n for n in read_nodes(state.nodes)}
     if node_name in nodes:
-        node = nodes[node_name]
-        res = subprocess.run(ssh_command(state, node, as_root(node, f"tail -n {lines} {TASK_DIR}/node.log")),
-                             capture_output=True, text=True, timeout=30)
-        if res.returncode == 0:
-            sys.stdout.write(res.stdout)
+        text = remote.task_log(state, nodes[node_name], lines)
+        if text is not None:
+            sys.stdout.write(text)
             return 0
-        if res.returncode != 255 and "No such file" not in res.stderr:
-            raise TfclusterError(f"{node_name}: reading its log failed (exit {res.returncode}): "
-                                 f"{res.stderr.strip()[-500:]}")
-    run = read_run(state)
+    run = runrecord.read(state)
     fetched = state.logs / run.get("run_id", "-") / node_name / "node.log"
     if fetched.exists():
-        print(f"(node not reachable; fetched log {fetched})")
+        print(f"(node not reachable or without a log now; fetched log {fetched})")
         sys.stdout.write("\n".join(fetched.read_text(errors="replace").splitlines()[-lines:]) + "\n")
         return 0
     if node_name in nodes:
-        raise TfclusterError(f"node {node_name} does not answer and no log of it was fetched")
-    from .errors import ConfigError
-
+        raise TfclusterError(f"node {node_name} does not answer (or has no log yet) and no log of it was fetched")
     known = ", ".join(sorted(nodes)) or "none (the cluster is not up)"
     raise ConfigError("node", node_name, f"a node of cluster {cluster}: {known}")
 

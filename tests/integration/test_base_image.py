@@ -130,7 +130,8 @@ def test_task_status_is_read_through_sudo_and_never_empty_on_an_error(home, node
     """Progress as a cloud image's non-root user: the task's state is root's (0750); tfcluster reads it
     through sudo, and a status it cannot read is an error naming the node, not an empty answer."""
     from tfcluster.providers.base import Node
-    from tfcluster.training import TASK_DIR, NodeCommandError, node_task_status
+    from tfcluster.remote import TASK_DIR, NodeCommandError
+    from tfcluster.remote import task_status as node_task_status
 
     state = ClusterState(CLUSTER, root=home)
     chief = Node.from_dict(nodes[f"{CLUSTER}-chief-0"])

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from tfcluster import inventory
+from tfcluster.errors import ProvisionError
 from tfcluster.paths import ClusterState
 from tfcluster.providers.base import Node
 
@@ -26,7 +27,7 @@ def test_inventory_groups_and_hostvars(tmp_path, shape):
     nodes = make_nodes(*shape)
     state = ClusterState("c", root=tmp_path)
     state.dir.mkdir()
-    inventory.write(state, nodes, 2222, "aws")
+    inventory.write(state, nodes, 2222)
     inv = yaml.safe_load(state.inventory.read_text())
     children = inv["all"]["children"]
     assert {r: len(children[r]["hosts"]) for r in ("ps", "worker", "chief")} == \
@@ -34,22 +35,18 @@ def test_inventory_groups_and_hostvars(tmp_path, shape):
     for n in nodes:
         hv = children[n.role]["hosts"][n.name]
         assert hv["ansible_host"] == n.public_ip           # Ansible goes to the public address
-        assert hv["tf_private_ip"] == n.private_ip         # TensorFlow uses the private one
         assert (hv["tf_role"], hv["tf_index"], hv["ansible_user"]) == (n.role, n.index, "ubuntu")
     allvars = inv["all"]["vars"]
-    assert allvars["tf_node_count"] == len(nodes)
     assert "StrictHostKeyChecking=accept-new" in allvars["ansible_ssh_common_args"]
     assert str(state.known_hosts) in allvars["ansible_ssh_common_args"]
     assert allvars["ansible_ssh_private_key_file"] == str(state.ssh_key)
-    assert allvars["tf_cluster_spec"]["worker"] == [f"{n.private_ip}:2222" for n in nodes
-                                                    if n.role == "worker"]
+    assert allvars["tf_cluster_spec"]["worker"] == [f"{n.private_ip}:2222" for n in nodes   # TensorFlow
+                                                    if n.role == "worker"]               # uses private IPs
 
 
-def test_tf_config_for_each_task():
+def test_cluster_spec_of_each_role():
     nodes = make_nodes(2, 3, 1)
-    cfg = inventory.tf_config(nodes, 2222, "worker", 2)
-    assert cfg["task"] == {"type": "worker", "index": 2}
-    assert cfg["cluster"] == {
+    assert inventory.cluster_spec(nodes, 2222) == {
         "ps": ["10.0.0.10:2222", "10.0.0.11:2222"],
         "worker": ["10.0.0.12:2222", "10.0.0.13:2222", "10.0.0.14:2222"],
         "chief": ["10.0.0.15:2222"],
@@ -61,10 +58,8 @@ def test_cluster_spec_orders_by_index_not_by_listing():
     assert inventory.cluster_spec(nodes, 1)["worker"] == ["10.0.0.11:1", "10.0.0.12:1", "10.0.0.13:1"]
 
 
-def test_missing_task_and_gapped_indexes_are_refused():
+def test_gapped_indexes_are_a_provisioning_error_naming_the_role():
     nodes = make_nodes(1, 2, 1)
-    with pytest.raises(ValueError):
-        inventory.tf_config(nodes, 2222, "worker", 5)
     gapped = [n for n in nodes if n.name != "c-worker-0"]
-    with pytest.raises(ValueError, match="worker"):
+    with pytest.raises(ProvisionError, match=r"worker nodes with indexes \[1\], not 0..0"):
         inventory.cluster_spec(gapped, 2222)

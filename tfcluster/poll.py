@@ -1,0 +1,23 @@
+"""One way to wait: call a check until it answers, the time is up, or waiting is pointless."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T], timeout: float, interval: float = 0.1,
+               give_up: Callable[[], bool] | None = None) -> T | None:
+    """Call ``check`` until it returns a true value (returned), at least once; None once ``timeout``
+    seconds have passed or ``give_up()`` says the awaited thing can no longer happen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if (give_up is not None and give_up()) or time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)

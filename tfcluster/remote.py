@@ -1,0 +1,94 @@
+"""Commands on a cluster's nodes outside Ansible: the task's status and log, over the same SSH set-up.
+
+Ansible and these commands share one set of SSH options: the general ones live in ``ansible.cfg``
+(``[ssh_connection] ssh_args``), the cluster's own (its key, its known_hosts) in :func:`cluster_options`,
+which the inventory carries to Ansible as ``ansible_ssh_common_args``.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import shlex
+import subprocess
+
+from .errors import TfclusterError
+from .paths import ANSIBLE_CFG, ClusterState
+from .providers.base import Node
+
+#: where a node's task keeps its log and state (root's, 0750; see roles/tf_node)
+TASK_DIR = "/var/lib/tfcluster/task"
+SUPERVISE = "/usr/local/bin/tfc-supervise"
+CONNECT_TIMEOUT = 10
+
+
+class NodeCommandError(TfclusterError):
+    """The node answered, but the command failed (as opposed to a node that does not answer)."""
+
+
+def general_options() -> list[str]:
+    """The SSH options of ansible.cfg (control master, keep-alives): one home for both."""
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(ANSIBLE_CFG)
+    return shlex.split(cfg.get("ssh_connection", "ssh_args", fallback=""))
+
+
+def cluster_options(state: ClusterState) -> list[str]:
+    """The cluster's own SSH options: its known_hosts (new hosts accepted once, then checked), no agent keys."""
+    return ["-o", f"UserKnownHostsFile={state.known_hosts}", "-o", "StrictHostKeyChecking=accept-new",
+            "-o", "IdentitiesOnly=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}"]
+
+
+def ssh_command(state: ClusterState, node: Node, command: str) -> list[str]:
+    """``ssh`` running ``command`` on a node, with Ansible's options and control socket directory."""
+    return ["ssh", "-i", str(state.ssh_key), *general_options(), *cluster_options(state),
+            "-o", "BatchMode=yes", "-o", f"ControlPath={state.ensure_control_dir()}/%C",
+            "-p", str(node.ssh_port), f"{node.ssh_user}@{node.public_ip}", command]
+
+
+def as_root(node: Node, command: str) -> str:
+    """A node command that needs root's rights (the task's state is root's): through sudo for the
+    non-root users of cloud images and of the local base image."""
+    return command if node.ssh_user == "root" else f"sudo -n {command}"
+
+
+def run(state: ClusterState, node: Node, command: str, timeout: float = 30) -> subprocess.CompletedProcess | None:
+    """Run a command on a node with root's rights; None when the node does not answer (ssh's own exit
+    status 255, or nothing within the timeout)."""
+    try:
+        res = subprocess.run(ssh_command(state, node, as_root(node, command)), capture_output=True, text=True,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    return None if res.returncode == 255 else res
+
+
+def task_status(state: ClusterState, node: Node, timeout: float = 15) -> dict | None:
+    """The node's supervisor and task status; None when the node does not answer. A node that answers
+    with an error raises NodeCommandError naming it: an empty answer is never taken for a status."""
+    command = f"{SUPERVISE} status --dir {TASK_DIR}"
+    res = run(state, node, command, timeout)
+    if res is None:
+        return None
+    if res.returncode != 0:
+        raise NodeCommandError(f"{node.name}: '{as_root(node, command)}' failed (exit {res.returncode}): "
+                               f"{(res.stderr or res.stdout).strip()[-500:]}")
+    try:
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        got = None
+    if not isinstance(got, dict):
+        raise NodeCommandError(f"{node.name}: '{as_root(node, command)}' printed no status: "
+                               f"{res.stdout.strip()[-300:]!r}")
+    return got
+
+
+def task_log(state: ClusterState, node: Node, lines: int) -> str | None:
+    """The last lines of the node's task log; None when the node does not answer or has no log yet."""
+    res = run(state, node, f"tail -n {int(lines)} {TASK_DIR}/node.log")
+    if res is None or (res.returncode != 0 and "No such file" in res.stderr):
+        return None
+    if res.returncode != 0:
+        raise NodeCommandError(f"{node.name}: reading its log failed (exit {res.returncode}): "
+                               f"{res.stderr.strip()[-500:]}")
+    return res.stdout
