@@ -41,20 +41,19 @@ def _short(text: str, n: int) -> str:
 
 
 def bridge_name(cluster: str) -> str:
+    """The cluster's bridge (interface names have at most 15 characters)."""
     return "tfb" + _short(cluster, 10)
 
 
 def veth_prefix(cluster: str) -> str:
+    """Host ends of the nodes' veth pairs: this prefix and the node's position in two hex digits."""
     return "tfv" + _short(cluster, 6)
 
 
-def veth_name(cluster: str, position: int) -> str:
-    return f"{veth_prefix(cluster)}{position:02x}"
-
-
-def netns_name(cluster: str, node: str) -> str:
-    """Namespace of a node; cluster names have no '_', so the prefix is unique per cluster."""
-    return f"{NETNS_PREFIX}{cluster}_{node}"
+def netns_prefix(cluster: str) -> str:
+    """Namespaces of the cluster's nodes: this prefix and the node name; cluster names have no '_', so
+    the prefix is unique per cluster."""
+    return f"{NETNS_PREFIX}{cluster}_"
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -1,5 +1,6 @@
 # Local provider: each node is a set of Linux namespaces on a private bridge, made and removed by
-# tfcluster/localnode.py from terraform_data provisioners. Destroy-time provisioners may read only
+# tfcluster/localnode.py from terraform_data provisioners. The host-side names (bridge, veth and
+# namespace prefixes) come from tfcluster.localnode through provider_options: one home for that rule. Destroy-time provisioners may read only
 # self, so every input the teardown needs is kept in the resource's `input`.
 
 locals {
@@ -8,7 +9,6 @@ locals {
   subnet    = var.provider_options["subnet"]
   prefixlen = tonumber(split("/", local.subnet)[1])
   gateway   = cidrhost(local.subnet, 1)
-  cluster_h = substr(sha1(var.cluster_name), 0, 10)
   ssh_user  = var.ssh_user == "" ? "debian" : var.ssh_user
   apt_proxy = "http://${local.gateway}:3142"
 
@@ -29,7 +29,7 @@ locals {
 resource "terraform_data" "network" {
   input = {
     python       = local.python
-    bridge       = "tfb${local.cluster_h}"
+    bridge       = var.provider_options["bridge"]
     gateway_cidr = "${local.gateway}/${local.prefixlen}"
   }
 
@@ -78,12 +78,12 @@ resource "terraform_data" "node" {
   input = {
     python         = local.python
     name           = each.value.name
-    netns          = "tfc_${var.cluster_name}_${each.value.name}"
+    netns          = "${var.provider_options["netns_prefix"]}${each.value.name}"
     ip             = each.value.private_ip
     prefix_len     = local.prefixlen
     gateway_ip     = local.gateway
     bridge         = terraform_data.network.output.bridge
-    veth           = format("tfv%s%02x", substr(local.cluster_h, 0, 6), each.value.position)
+    veth           = format("%s%02x", var.provider_options["veth_prefix"], each.value.position)
     node_dir       = "${local.state_dir}/nodes/${each.value.name}"
     ssh_public_key = var.ssh_public_key
     ssh_user       = local.ssh_user

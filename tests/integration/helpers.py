@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import shlex
 import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -30,6 +35,44 @@ def ssh(home: Path, cluster: str, ip: str, command: str, timeout: int = 30, as_r
         ["ssh", "-i", str(ssh_dir / "id_ed25519"), "-o", f"UserKnownHostsFile={ssh_dir / 'known_hosts'}",
          "-o", "StrictHostKeyChecking=accept-new", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
          f"{user}@{ip}", command], capture_output=True, text=True, timeout=timeout)
+
+
+@contextmanager
+def outside_namespace(ns: str, veth: str, net: str, route: str) -> Iterator[Callable[[str], str]]:
+    """A namespace outside every cluster, linked to this host by a veth pair on the /30 `net` (host .1,
+    namespace .2), with `route` through the host; yields a function that runs Python code there and
+    returns what it printed. Removed on exit, also after a failure."""
+    host_ip, ns_ip = (str(a) for a in ipaddress.ip_network(net).hosts())
+    try:
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        subprocess.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", veth + "p"], check=True)
+        subprocess.run(["ip", "link", "set", veth + "p", "netns", ns], check=True)
+        subprocess.run(["ip", "addr", "add", f"{host_ip}/30", "dev", veth], check=True)
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+        for cmd in (["addr", "add", f"{ns_ip}/30", "dev", veth + "p"], ["link", "set", veth + "p", "up"],
+                    ["route", "add", route, "via", host_ip]):
+            subprocess.run(["ip", "-n", ns, *cmd], check=True)
+
+        def run(code: str) -> str:
+            res = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], capture_output=True,
+                                 text=True, timeout=30)
+            return res.stdout + res.stderr
+
+        yield run
+    finally:
+        subprocess.run(["ip", "link", "del", veth], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def node_input(home: Path, cluster: str, node: str) -> dict:
+    """The inputs terraform/local recorded for a node (its namespace, veth, address ...), from the state."""
+    tfstate = json.loads((home / cluster / "terraform" / "terraform.tfstate").read_text())
+    for res in tfstate["resources"]:
+        if res["type"] == "terraform_data" and res["name"] == "node":
+            for inst in res["instances"]:
+                if inst["index_key"] == node:
+                    return inst["attributes"]["input"]["value"]
+    raise KeyError(f"no node {node} in the Terraform state of {cluster}")
 
 
 def processes_with_cmdline(*markers: str) -> list[int]:
@@ -63,7 +106,7 @@ def processes_with_env(marker: str) -> list[int]:
 
 def leftovers(home: Path, cluster: str) -> list[str]:
     """Everything of a local cluster still on this machine."""
-    found = [f"netns {ns}" for ns in localnode.list_netns() if ns.startswith(f"tfc_{cluster}_")]
+    found = [f"netns {ns}" for ns in localnode.list_netns() if ns.startswith(localnode.netns_prefix(cluster))]
     if localnode.link_exists(localnode.bridge_name(cluster)):
         found.append("bridge")
     found += [f"veth {v}" for v in localnode.list_links(localnode.veth_prefix(cluster))]

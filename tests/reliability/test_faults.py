@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHON, REPO, interruptible, needs_root
-from tests.integration.helpers import force_down, leftovers, make, ssh
+from tests.integration.helpers import force_down, leftovers, make, node_input, outside_namespace, ssh
 from tests.reliability.s3proxy import FaultProxy
-from tfcluster import localnode, store
+from tfcluster import store
 
 pytestmark = [pytest.mark.e2e, needs_root()]
 CLUSTER = "tfct-rel"
@@ -140,7 +140,7 @@ def test_worker_link_cut_for_20s(home, env, cluster):
     """Cut a worker's link for 20 s mid-run: the run completes (a stuck coordinator is restarted)."""
     train = Train(env, "--set", "training.stall_timeout_seconds=30")
     wait_for_step(home, cluster, train, int(STEPS * 0.2))
-    veth = localnode.veth_name(CLUSTER, 2)  # worker-1: ps-0, worker-0, worker-1, chief-0
+    veth = node_input(home, CLUSTER, f"{CLUSTER}-worker-1")["veth"]
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
     try:
         time.sleep(20)
@@ -230,29 +230,18 @@ def test_s3_down_down_refuses_then_retry_publishes(home, env, cluster):
 def test_node_ports_unreachable_from_outside_the_bridge(home, cluster):
     """No node port (sshd, gRPC) answers from a namespace outside the cluster's bridge, even with forwarding on."""
     node_ip = cluster[f"{CLUSTER}-worker-0"]["private_ip"]
-    ns, veth = "tfct_outsider", "tfctout0"
     forward = Path("/proc/sys/net/ipv4/ip_forward")
     saved = forward.read_text()
     try:
-        subprocess.run(["ip", "netns", "add", ns], check=True)
-        subprocess.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", veth + "p"], check=True)
-        subprocess.run(["ip", "link", "set", veth + "p", "netns", ns], check=True)
-        subprocess.run(["ip", "addr", "add", "10.231.254.1/30", "dev", veth], check=True)
-        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
-        for cmd in (["addr", "add", "10.231.254.2/30", "dev", veth + "p"], ["link", "set", veth + "p", "up"],
-                    ["route", "add", "default", "via", "10.231.254.1"]):
-            subprocess.run(["ip", "-n", ns, *cmd], check=True)
-        forward.write_text("1\n")
-        probe = ("import socket,sys\nfor port in (22, 2222):\n    try:\n"
-                 f"        socket.create_connection(('{node_ip}', port), timeout=3); print('open', port)\n"
-                 "    except OSError as e:\n        print('closed', port, e)\n")
-        res = subprocess.run(["ip", "netns", "exec", ns, PYTHON, "-c", probe], capture_output=True, text=True,
-                             timeout=30)
-        assert "open" not in res.stdout and res.stdout.count("closed") == 2, res.stdout + res.stderr
+        with outside_namespace("tfct_outsider", "tfctout0", "10.231.254.0/30", "default") as run_outside:
+            forward.write_text("1\n")
+            probe = ("import socket,sys\nfor port in (22, 2222):\n    try:\n"
+                     f"        socket.create_connection(('{node_ip}', port), timeout=3); print('open', port)\n"
+                     "    except OSError as e:\n        print('closed', port, e)\n")
+            out = run_outside(probe)
+            assert "open" not in out and out.count("closed") == 2, out
     finally:
         forward.write_text(saved)
-        subprocess.run(["ip", "link", "del", veth], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     inside = ssh(home, CLUSTER, cluster[f"{CLUSTER}-chief-0"]["private_ip"],
                  f"python3 -c \"import socket; socket.create_connection(('{node_ip}', 22), timeout=3); print('ok')\"")
     assert inside.stdout.strip() == "ok", "cluster members must still reach each other"

@@ -79,6 +79,9 @@ class LocalProvider(TerraformProvider):
             "python": sys.executable,
             "state_dir": str(self.state.dir),
             "subnet": subnet_for(spec),
+            "bridge": localnode.bridge_name(spec.cluster),
+            "veth_prefix": localnode.veth_prefix(spec.cluster),
+            "netns_prefix": localnode.netns_prefix(spec.cluster),
             "image_root": str(image.rootfs(image.default_recipe())),
             "apt_cache_dir": str(cache_root() / "_aptcache"),
             "ssh_timeout": str(min(spec.get("ssh.timeout_seconds"), 120)),
@@ -92,7 +95,7 @@ class LocalProvider(TerraformProvider):
         found = super().leftovers()
         cluster = self.state.cluster
         for ns in localnode.list_netns():
-            if ns.startswith(f"{localnode.NETNS_PREFIX}{cluster}_"):
+            if ns.startswith(localnode.netns_prefix(cluster)):
                 pids = localnode.netns_pids(ns)
                 found.append(f"network namespace {ns}" + (f" with processes {pids}" if pids else ""))
         br = localnode.bridge_name(cluster)
@@ -111,7 +114,7 @@ class LocalProvider(TerraformProvider):
         """Remove what Terraform does not know about (an `up` interrupted before state was written)."""
         cluster = self.state.cluster
         for ns in localnode.list_netns():
-            if ns.startswith(f"{localnode.NETNS_PREFIX}{cluster}_"):
+            if ns.startswith(localnode.netns_prefix(cluster)):
                 localnode.kill_netns_processes(ns)
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         for link in localnode.list_links(localnode.veth_prefix(cluster)):
