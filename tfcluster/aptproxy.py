@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .poll import wait_until
+from .poll import port_open, wait_until
 
 PORT = 3142
 ALLOWED_HOSTS = ("deb.debian.org",)
@@ -212,17 +212,9 @@ def running_pid(state_dir: Path) -> int | None:
     return pid if b"tfcluster.aptproxy" in cmdline else None
 
 
-def _answers(ip: str, port: int) -> bool:
-    try:
-        with socket.create_connection((ip, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
 def start(p: dict) -> None:
     ip, port = p["listen_ip"], int(p.get("port", PORT))
-    if running_pid(Path(p["state_dir"])) and _answers(ip, port):
+    if running_pid(Path(p["state_dir"])) and port_open(ip, port):
         print(f"apt proxy: already running on {ip}:{port}")
         return
     logs = Path(p["state_dir"]) / "logs"
@@ -232,7 +224,7 @@ def start(p: dict) -> None:
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                 close_fds=True, cwd="/")
     _pid_file(p).write_text(f"{proc.pid}\n")
-    if wait_until(lambda: _answers(ip, port), 10, 0.05, give_up=lambda: proc.poll() is not None):
+    if wait_until(lambda: port_open(ip, port), 10, 0.05, give_up=lambda: proc.poll() is not None):
         print(f"apt proxy: serving the Debian archive on {ip}:{port} (cache {p['cache_dir']})")
         return
     if proc.poll() is not None:

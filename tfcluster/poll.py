@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -21,3 +22,12 @@ def wait_until(check: Callable[[], T], timeout: float, interval: float = 0.1,
         if (give_up is not None and give_up()) or time.monotonic() >= deadline:
             return None
         time.sleep(interval)
+
+
+def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether something accepts TCP connections at host:port now."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, needs_root
-from tests.integration.helpers import force_down, leftovers, make, ssh
+from tests.conftest import REPO, needs_root
+from tests.integration.helpers import force_down, leftovers, make, outside_namespace, ssh
 from tfcluster import ansible_run
 from tfcluster.paths import ClusterState
 
@@ -105,25 +105,11 @@ def test_the_proxy_serves_the_bridge_only(home, nodes):
     assert res.stdout.split() == ["403", "direct", "101"], res.stdout + res.stderr   # 101: ENETUNREACH
 
     # from a namespace outside the bridge, routed to the gateway address through this host: no answer
-    ns, veth = "tfct_img_out", "tfctimg0"
-    try:
-        subprocess.run(["ip", "netns", "add", ns], check=True)
-        subprocess.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", veth + "p"], check=True)
-        subprocess.run(["ip", "link", "set", veth + "p", "netns", ns], check=True)
-        subprocess.run(["ip", "addr", "add", "10.231.253.1/30", "dev", veth], check=True)
-        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
-        for cmd in (["addr", "add", "10.231.253.2/30", "dev", veth + "p"], ["link", "set", veth + "p", "up"],
-                    ["route", "add", f"{gateway}/32", "via", "10.231.253.1"]):
-            subprocess.run(["ip", "-n", ns, *cmd], check=True)
-        outside = ("import socket\ntry:\n"
-                   f"    socket.create_connection(('{gateway}', 3142), timeout=3); print('open')\n"
-                   "except OSError as e:\n    print('closed', e)\n")
-        res = subprocess.run(["ip", "netns", "exec", ns, PYTHON, "-c", outside], capture_output=True, text=True,
-                             timeout=30)
-        assert res.stdout.startswith("closed"), res.stdout + res.stderr
-    finally:
-        subprocess.run(["ip", "link", "del", veth], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with outside_namespace("tfct_img_out", "tfctimg0", "10.231.253.0/30", f"{gateway}/32") as run_outside:
+        out = run_outside("import socket\ntry:\n"
+                          f"    socket.create_connection(('{gateway}', 3142), timeout=3); print('open')\n"
+                          "except OSError as e:\n    print('closed', e)\n")
+    assert out.startswith("closed"), out
 
 
 def test_task_status_is_read_through_sudo_and_never_empty_on_an_error(home, nodes):
