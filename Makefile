@@ -29,7 +29,7 @@ help: ## Show this help (the default goal)
 	/^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 ##@ Set-up
-$(BOOTSTRAP): requirements.txt pyproject.toml scripts/bootstrap.sh
+$(BOOTSTRAP): requirements.txt pyproject.toml train/pyproject.toml scripts/bootstrap.sh
 	VENV=$(VENV) ./scripts/bootstrap.sh
 
 .PHONY: bootstrap

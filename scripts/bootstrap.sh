@@ -36,10 +36,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 stamp="$VENV/.tfcluster-installed"
-if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
+    || [ train/pyproject.toml -nt "$stamp" ]; then
   echo "==> bootstrap: installing Python packages into $VENV (first time: about a minute)"
   "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements.txt
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e .
+  # the training harness (train/tfc_harness), imported by the controller as an ordinary package
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e train
   touch "$stamp"
 fi
 echo "==> bootstrap: ready ($VENV)"

@@ -22,7 +22,7 @@ from pathlib import Path
 from .errors import TfclusterError
 from .paths import cache_root
 
-EXTRA_PACKAGES = ("boto3",)
+EXTRA_PACKAGES = ("boto3", "pydantic==2.14.3")
 
 
 def package_for(gpus: int) -> str:

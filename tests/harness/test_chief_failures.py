@@ -11,36 +11,36 @@ import textwrap
 
 import pytest
 from harness_support import TRAIN_DIR, example_settings, free_port, node_env, render_entry
-from tfc_harness import chief, data
+from tfc_harness import data, peers, watchdogs
+from tfc_harness.errors import HarnessError
 
 
 def test_wait_for_peers_returns_when_all_listen():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
-        chief.wait_for_peers([("ps/0", f"127.0.0.1:{server.getsockname()[1]}")], timeout_s=5)
+        peers.wait_for_peers([("ps/0", f"127.0.0.1:{server.getsockname()[1]}")], timeout_s=5)
 
 
 def test_wait_for_peers_names_the_missing_ones():
     port = free_port()
-    with pytest.raises(chief.HarnessError, match=rf"not reachable after 0s: worker/1 \(127.0.0.1:{port}\)"):
-        chief.wait_for_peers([("worker/1", f"127.0.0.1:{port}")], timeout_s=0.3, poll_s=0.1)
+    with pytest.raises(HarnessError, match=rf"not reachable after 0s: worker/1 \(127.0.0.1:{port}\)"):
+        peers.wait_for_peers([("worker/1", f"127.0.0.1:{port}")], timeout_s=0.3, poll_s=0.1)
 
 
 def test_watchdog_fails_the_chief_after_max_runtime(tmp_path):
-    settings = example_settings(state_dir=str(tmp_path), max_runtime_s=1)
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(TRAIN_DIR)!r})
-        from tfc_harness import chief, settings
-        state = chief.ChiefState(settings.validate({settings!r}))
-        state.phase = "training"
-        chief.start_watchdog(state, 0.5)
+        from tfc_harness import status, watchdogs
+        state = status.ChiefState({str(tmp_path)!r}, 300)
+        state.phase, state.step = "training", 120
+        watchdogs.start_runtime_watchdog(state, 1, 300)
         time.sleep(30)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == chief.TIMEOUT_EXIT_CODE
-    assert "max_runtime_s=1 exceeded during phase 'training'" in proc.stderr
+    assert proc.returncode == watchdogs.TIMEOUT_EXIT_CODE == 3
+    assert "max_runtime_s=1 exceeded during phase 'training' at step 120/300" in proc.stderr
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["phase"] == "failed" and "max_runtime_s=1 exceeded" in status["error"]
 

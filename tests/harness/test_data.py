@@ -6,7 +6,8 @@ import types
 
 import numpy as np
 import pytest
-from tfc_harness import data
+from tfc_harness import data, s3io
+from tfc_harness.errors import ModelModuleError
 
 
 @pytest.mark.parametrize("rows, workers", [(10, 1), (10, 2), (11, 3), (1437, 2)])
@@ -68,10 +69,50 @@ def test_ensure_dataset_uploads_once(s3_client):
     assert x.shape == (2, 2, 2, 1) and y.tolist() == [0, 1]
 
 
+def _module(name: str, make_dataset):
+    module = types.ModuleType(name)
+    module.__file__ = f"/models/{name}.py"
+    module.build_model = lambda: None
+    module.make_dataset = make_dataset
+    return module
+
+
 def test_ensure_dataset_rejects_bad_make_dataset(s3_client):
     s3_client.create_bucket(Bucket="ds-bad")
-    module = types.ModuleType("bad_model")
-    module.build_model = lambda: None
-    module.make_dataset = lambda: {"train": (np.zeros((2, 1)), np.zeros(2, dtype=np.int64))}
-    with pytest.raises(ValueError, match="must return"):
+    module = _module("bad_model", lambda: {"train": (np.zeros((2, 1)), np.zeros(2, dtype=np.int64))})
+    with pytest.raises(ModelModuleError, match=r"^model module bad_model.py: make_dataset\(\) returned \['train'\]; "
+                       r"it must return \{'train': \(x, y\), 'test': \(x, y\)\}$"):
         data.ensure_dataset(s3_client, "ds-bad", "datasets/bad", module)
+    assert not list(s3io.list_keys(s3_client, "ds-bad", "datasets/bad"))   # nothing half-uploaded
+
+
+X = np.zeros((4, 2, 2, 1), dtype=np.float32)
+Y = np.array([0, 1, 0, 1])
+
+
+@pytest.mark.parametrize("splits, fragment", [
+    ({"train": (X, Y.astype(np.float64)), "test": (X, Y)},
+     "make_dataset() returned y with float64 values; y must hold integer class ids (the harness trains "
+     "classifiers: regression targets are not supported) (in the 'train' split)"),
+    ({"train": (X, Y), "test": (X.astype(np.int32), Y)},
+     "make_dataset() returned x with int32 values; x must be floating point (in the 'test' split)"),
+    ({"train": (X, Y[:3]), "test": (X, Y)},
+     "make_dataset() returned x with shape (4, 2, 2, 1) and y with shape (3,); need x [N, ...] and y [N]"),
+    ({"train": X, "test": (X, Y)}, "make_dataset() returned ndarray for the 'train' split; each split must be"),
+    ([X, Y], "make_dataset() returned list; it must return"),
+])
+def test_make_dataset_problems_name_module_function_and_split(splits, fragment):
+    with pytest.raises(ModelModuleError) as err:
+        data.splits_from_module(_module("regress", lambda: splits))
+    assert str(err.value).startswith("model module regress.py: ")
+    assert fragment in str(err.value)
+
+
+def test_an_exception_in_make_dataset_is_named():
+    def make_dataset():
+        raise FileNotFoundError("no such file: /data/train.csv")
+
+    with pytest.raises(ModelModuleError, match=r"^model module mine.py: make_dataset\(\) raised FileNotFoundError: "
+                       r"no such file: /data/train.csv$") as err:
+        data.splits_from_module(_module("mine", make_dataset))
+    assert isinstance(err.value.__cause__, FileNotFoundError)

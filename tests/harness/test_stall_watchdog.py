@@ -12,10 +12,10 @@ TRAIN = Path(__file__).resolve().parents[2] / "train"
 SCRIPT = """
 import sys, time, types
 sys.path.insert(0, {train!r})
-from tfc_harness.chief import StallWatchdog
+from tfc_harness.watchdogs import StallWatchdog
 reports = []
 state = types.SimpleNamespace(step=7, report=lambda *a, **k: reports.append(k))
-StallWatchdog(state, {timeout}).start()
+StallWatchdog(state, {timeout}).__enter__()
 {body}
 print("still alive", flush=True)
 """

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pytest
 from harness_support import TRAIN_DIR
@@ -52,3 +54,66 @@ def test_digits_model_outputs_logits_for_ten_classes():
     model = usermodel.load("digits").build_model()
     out = model(np.zeros((3, 8, 8, 1), dtype=np.float32))
     assert tuple(out.shape) == (3, 10)
+
+
+def _write(tmp_path, name: str, body: str):
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_an_import_error_names_the_module(tmp_path):
+    path = _write(tmp_path, "needs_torch", """
+        import torch_that_is_not_here
+        def build_model(): pass
+        def make_dataset(): pass
+    """)
+    with pytest.raises(usermodel.ModelModuleError, match=r"^model module needs_torch.py: importing it raised "
+                       r"ModuleNotFoundError: No module named 'torch_that_is_not_here'$"):
+        usermodel.load(path)
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("def build_model():\n    raise RuntimeError('layer sizes wrong')\n",
+     "build_model() raised RuntimeError: layer sizes wrong"),
+    ("def build_model():\n    return 42\n", "build_model() returned int, not a Keras model"),
+])
+def test_build_model_problems_are_named(tmp_path, body, fragment):
+    module = usermodel.load(_write(tmp_path, "broken", body + "def make_dataset(): pass\n"))
+    with pytest.raises(usermodel.ModelModuleError) as err:
+        usermodel.build_model(module, (8, 8, 1))
+    assert str(err.value) == f"model module broken.py: {fragment}"
+
+
+def test_a_regression_model_is_refused_before_training(tmp_path):
+    pytest.importorskip("keras")
+    module = usermodel.load(_write(tmp_path, "regressor", """
+        import keras
+        def build_model():
+            return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
+        def make_dataset(): pass
+    """))
+    model = usermodel.build_model(module, (4,))
+    with pytest.raises(usermodel.ModelModuleError, match=r"^model module regressor.py: build_model\(\) returned a "
+                       r"model whose output has shape \(2, 1\) for 2 examples; it must output one score per class "
+                       r"\(\[2, >= 3\]\)"):
+        usermodel.check_output(module, model, np.zeros((2, 4), dtype=np.float32), num_classes=3)
+    wide = usermodel.load(_write(tmp_path, "classifier", """
+        import keras
+        def build_model():
+            return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])
+        def make_dataset(): pass
+    """))
+    usermodel.check_output(wide, usermodel.build_model(wide, (4,)), np.zeros((2, 4), dtype=np.float32), 3)
+
+
+def test_make_optimizer_problems_are_named(tmp_path):
+    module = usermodel.load(_write(tmp_path, "opt", """
+        def build_model(): pass
+        def make_dataset(): pass
+        def make_optimizer(learning_rate):
+            return {"lr": learning_rate}
+    """))
+    with pytest.raises(usermodel.ModelModuleError,
+                       match=r"^model module opt.py: make_optimizer\(\) returned dict, not a Keras optimizer$"):
+        usermodel.make_optimizer(module, 0.1)

@@ -5,11 +5,16 @@ On a node the rendered entry script calls :func:`main` with the node's settings 
 :mod:`tfc_harness.verify` (read a published run back and evaluate it).  Importing the package does not
 import TensorFlow.
 
-Modules: ``settings`` (validation), ``runner`` (process setup, role dispatch), ``server`` (ps/worker),
-``chief`` (training loop), ``records`` (worker shard, tf.data), ``checkpoints`` (S3 mirror of
-checkpoints), ``publish`` (SavedModel export and upload), ``manifest`` (sha256 list), ``evaluate``,
-``verify``, ``data`` (datasets in S3), ``s3io`` (boto3 client, retrying transfers), ``status``
-(status.json, progress lines), ``usermodel`` (loading ``models/<name>.py``).
+Modules, one job each: ``runner`` (process setup, dispatch to the node's strategy), ``settings``
+(pydantic model), ``strategies`` (shape table, ``Strategy`` interface, registry; no TensorFlow import),
+``parameter_server`` (that strategy), ``server`` (serving tasks, a worker's shard), ``chief`` (sequences
+the node that runs the loop), ``loop`` (train/report/checkpoint), ``steps`` (one replica's step), ``saver``
+(restore/save checkpoints), ``peers`` (start barrier, peer monitor), ``watchdogs`` (runtime and stall),
+``unpublished`` (marker), ``records`` (worker shard, tf.data), ``checkpoints`` (S3 mirror of checkpoints),
+``publish`` (SavedModel export and upload), ``manifest`` (sha256 list), ``evaluate``, ``verify``,
+``data`` (datasets in S3), ``s3io`` (boto3 client, retrying transfers), ``status`` (status.json, progress
+lines), ``usermodel`` (loading and calling ``models/<name>.py``), ``errors`` (``HarnessError``,
+``ModelModuleError``: one-line messages for the operator).
 """
 
 from __future__ import annotations

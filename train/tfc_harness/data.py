@@ -24,16 +24,24 @@ def split_key(dataset_prefix: str, split: str) -> str:
     return s3io.join_key(dataset_prefix, f"{split}.npz")
 
 
+def array_problem(x: np.ndarray, y: np.ndarray) -> str | None:
+    """What makes ``(x, y)`` unusable as a split, or None: shapes, then the dtypes of y and x."""
+    if x.ndim < 2 or y.ndim != 1 or len(x) != len(y) or len(x) == 0:
+        return f"x with shape {x.shape} and y with shape {y.shape}; need x [N, ...] and y [N] with N > 0"
+    if not np.issubdtype(y.dtype, np.integer):
+        return (f"y with {y.dtype} values; y must hold integer class ids (the harness trains classifiers: "
+                "regression targets are not supported)")
+    if not np.issubdtype(x.dtype, np.floating):
+        return f"x with {x.dtype} values; x must be floating point"
+    return None
+
+
 def check_arrays(x, y, what: str = "dataset") -> tuple[np.ndarray, np.ndarray]:
     """Return ``(x float32, y int64)``; raise ValueError when shapes or dtypes are unusable."""
-    x = np.asarray(x)
-    y = np.asarray(y)
-    if x.ndim < 2 or y.ndim != 1 or len(x) != len(y) or len(x) == 0:
-        raise ValueError(f"{what}: need x [N, ...] and y [N] with N > 0 (got x {x.shape}, y {y.shape})")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"{what}: y must hold integer class ids (got {y.dtype})")
-    if not np.issubdtype(x.dtype, np.floating):
-        raise ValueError(f"{what}: x must be floating point (got {x.dtype})")
+    x, y = np.asarray(x), np.asarray(y)
+    problem = array_problem(x, y)
+    if problem:
+        raise ValueError(f"{what}: {problem}")
     return x.astype(np.float32, copy=False), y.astype(np.int64, copy=False)
 
 
@@ -71,17 +79,37 @@ def ensure_dataset(s3_client, bucket: str, dataset_prefix: str, model_module: st
 
     ``model_module`` is a module object or a name/path understood by :func:`tfc_harness.usermodel.load`.
     Returns ``{"uploaded": bool, "keys": [...], "rows": {"train": n, "test": n} (when uploaded)}``.
+    A problem in the user's module raises :class:`tfc_harness.errors.ModelModuleError` naming it.
     """
     keys = [split_key(dataset_prefix, s) for s in SPLITS]
     if all(s3io.exists(s3_client, bucket, k) for k in keys):
         return {"uploaded": False, "keys": keys}
-    module = usermodel.load(model_module)
-    splits = module.make_dataset()
-    if not isinstance(splits, dict) or set(SPLITS) - set(splits):
-        raise ValueError(f"{module.__name__}.make_dataset() must return {{'train': (x, y), 'test': (x, y)}}")
-    rows = {}
+    splits = splits_from_module(usermodel.load(model_module))
     for split, key in zip(SPLITS, keys, strict=True):
-        x, y = check_arrays(*splits[split], what=f"{module.__name__} {split} split")
-        s3io.upload_bytes(s3_client, to_npz_bytes(x, y), bucket, key)
-        rows[split] = len(x)
-    return {"uploaded": True, "keys": keys, "rows": rows}
+        s3io.upload_bytes(s3_client, to_npz_bytes(*splits[split]), bucket, key)
+    return {"uploaded": True, "keys": keys, "rows": {split: len(splits[split][0]) for split in SPLITS}}
+
+
+def splits_from_module(module: ModuleType) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``module.make_dataset()``, checked: ``{"train": (x float32, y int64), "test": (...)}``.
+
+    Raises :class:`tfc_harness.usermodel.ModelModuleError` naming the module, ``make_dataset()`` and
+    what is wrong with which split.
+    """
+    splits = usermodel.call(module, "make_dataset")
+    if not isinstance(splits, dict) or set(SPLITS) - set(splits):
+        got = sorted(splits) if isinstance(splits, dict) else type(splits).__name__
+        raise usermodel.fail(module, "make_dataset", f"returned {got}; it must return "
+                             "{'train': (x, y), 'test': (x, y)}")
+    checked = {}
+    for split in SPLITS:
+        pair = splits[split]
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise usermodel.fail(module, "make_dataset", f"returned {type(pair).__name__} for the {split!r} "
+                                 "split; each split must be a pair (x, y)")
+        x, y = np.asarray(pair[0]), np.asarray(pair[1])
+        problem = array_problem(x, y)
+        if problem:
+            raise usermodel.fail(module, "make_dataset", f"returned {problem} (in the {split!r} split)")
+        checked[split] = (x.astype(np.float32, copy=False), y.astype(np.int64, copy=False))
+    return checked

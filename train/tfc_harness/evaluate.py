@@ -1,5 +1,6 @@
 """Evaluating class probabilities, and a published SavedModel in this process.
 
+The chief evaluates its trained model with :func:`predict_keras` and :func:`classification_metrics`.
 ``python -m tfc_harness.evaluate MODEL_DIR TEST_NPZ`` loads the SavedModel, runs its ``serving_default``
 signature over the test split and prints one JSON line ``{"test_accuracy": ..., "test_loss": ..., "n": ...}``.
 :mod:`tfc_harness.verify` runs it in a fresh interpreter so that nothing from the caller's process (a
@@ -30,10 +31,20 @@ def classification_metrics(probabilities: np.ndarray, y: np.ndarray) -> dict:
             "n": int(len(y))}
 
 
+def predict_keras(model, x: np.ndarray, from_logits: bool) -> np.ndarray:
+    """Class probabilities from a Keras model in this process (softmax of its outputs if they are logits)."""
+    import tensorflow as tf
+
+    out = []
+    for start in range(0, len(x), EVAL_BATCH):
+        scores = model(tf.constant(x[start:start + EVAL_BATCH]), training=False)
+        out.append((tf.nn.softmax(scores) if from_logits else scores).numpy())
+    return np.concatenate(out)
+
+
 def predict_saved_model(model_dir: str, x: np.ndarray) -> np.ndarray:
     """Probabilities from the SavedModel's ``serving_default`` signature (single input, first output)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
     loaded = tf.saved_model.load(model_dir)

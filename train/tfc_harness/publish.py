@@ -6,7 +6,7 @@ Layout (written in this order; readers trust a run only once ``_SUCCESS`` exists
     manifest.json    sha256 and size of each model file (:mod:`tfc_harness.manifest`), plus the
                      dataset_prefix whose test split evaluates it
     metrics.json     test_accuracy, test_loss, steps, examples_per_sec, train_seconds, workers,
-                     restored_from_step
+                     restored_from_step (required), peer_failures, peer_rejoins
     _SUCCESS         empty marker, last
 """
 

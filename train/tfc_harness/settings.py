@@ -1,217 +1,209 @@
-"""The per-node settings dict: validation and the values derived from it.
+"""The per-node settings: a pydantic model, and the values derived from it.
 
-The rendered entry script hands :func:`tfc_harness.main` one plain dict.  Its keys are fixed; an unknown
-or missing key is an error (a typo must not silently fall back to a default)::
+The rendered entry script hands :func:`tfc_harness.main` one plain dict.  Unknown keys are an error (a
+typo must not silently fall back to a default); every field is typed and described below, and
+:func:`validate` turns pydantic's report into a :class:`SettingsError` whose message names each bad key
+and echoes its value, e.g. ``settings['steps']: must be >= 1 (got 0)``.  An example::
 
     {
-      "cluster": "mycluster",                 # cluster name
-      "run_id": "20261122-0415-ab12",         # id of this training run
-      "role": "chief",                        # "ps" | "worker" | "chief"
-      "index": 0,                             # task index within the role
+      "cluster": "mycluster", "run_id": "20261122-0415-ab12",
+      "strategy": "parameter_server",         # optional, the default
+      "role": "chief", "index": 0,
       "tf_config": {"cluster": {"ps": ["10.0.0.2:2222"], "worker": [...], "chief": [...]},
                     "task": {"type": "chief", "index": 0}},
-      "model_module": "digits",               # name in <harness_dir>/models/ or absolute path to a .py file
-      "steps": 300,                           # training steps in total
-      "batch_size": 64,                       # examples per step (one step runs on one worker)
-      "learning_rate": 0.005,
-      "checkpoint_every": 100,                # steps between checkpoints
-      "s3": {"endpoint": null,                # URL of an S3-compatible store, null for AWS
-             "region": "us-east-1",
-             "bucket": "tfcluster",
+      "model_module": "digits", "steps": 300, "batch_size": 64, "learning_rate": 0.005,
+      "checkpoint_every": 100,
+      "s3": {"endpoint": null, "region": "us-east-1", "bucket": "tfcluster",
              "run_prefix": "runs/mycluster/20261122-0415-ab12",
-             "checkpoint_prefix": "runs/mycluster/checkpoints",
-             "dataset_prefix": "datasets/digits"},
-      "state_dir": "/opt/tfcluster/state",    # local dir: status.json, data shard, checkpoints, model
-      "max_runtime_s": 1800                   # the chief gives up after this many seconds
+             "checkpoint_prefix": "runs/mycluster/checkpoints", "dataset_prefix": "datasets/digits"},
+      "state_dir": "/opt/tfcluster/state", "max_runtime_s": 1800,
+      "start_timeout_s": 300, "stall_timeout_s": 90   # optional
     }
 
-Nothing in it is secret: S3 credentials come from the environment only (see :mod:`tfc_harness.s3io`).
+The jobs ``tf_config.cluster`` must hold, and how many tasks each, come from the strategy's shape
+(:data:`tfc_harness.strategies.SHAPES`).  Nothing in the settings is secret: S3 credentials come from the
+environment only (see :mod:`tfc_harness.s3io`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
-from typing import Any
+from typing import Annotated, Any, Literal
 
-ROLES = ("ps", "worker", "chief")
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SETTINGS_KEYS = frozenset({
-    "cluster", "run_id", "role", "index", "tf_config", "model_module", "steps", "batch_size",
-    "learning_rate", "checkpoint_every", "s3", "state_dir", "max_runtime_s",
-})
-# Optional keys: start_timeout_s (how long the chief waits for every ps and worker; default max_runtime_s).
-# stall_timeout_s: training making no step for this long ends the chief (its supervisor restarts it).
-OPTIONAL_KEYS = frozenset({"start_timeout_s", "stall_timeout_s"})
-S3_KEYS = frozenset({"endpoint", "region", "bucket", "run_prefix", "checkpoint_prefix", "dataset_prefix"})
+from . import strategies
+
+ROLES = strategies.JOB_ORDER
+StrategyName = Literal[tuple(strategies.SHAPES)]  # type: ignore[valid-type]
 
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+_URL = re.compile(r"^https?://[^\s/]+")
 
 
 class SettingsError(ValueError):
-    """The settings dict is malformed; the message names the key and echoes the bad value."""
+    """The settings dict is malformed; the message names each bad key and echoes its value."""
 
 
-@dataclasses.dataclass(frozen=True)
-class S3Location:
+def _non_empty(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must be a non-empty string")
+    return value
+
+
+def _prefix(value: str) -> str:
+    value = value.strip("/")
+    if not value:
+        raise ValueError("must name a prefix, not the bucket root")
+    return value
+
+
+def _endpoint(value: str | None) -> str | None:
+    if value is not None and not _URL.match(value):
+        raise ValueError("must be an http(s) URL or null (AWS)")
+    return value or None
+
+
+def _address(value: str) -> str:
+    if not _ADDRESS.match(value):
+        raise ValueError("entries must look like 'host:port'")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_non_empty)]
+Prefix = Annotated[str, AfterValidator(_prefix)]
+Address = Annotated[str, AfterValidator(_address)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class S3Location(_Strict):
     """Where a run's data, checkpoints and results live.  Prefixes carry no leading/trailing slash."""
 
-    endpoint: str | None
-    region: str
-    bucket: str
-    run_prefix: str
-    checkpoint_prefix: str
-    dataset_prefix: str
+    endpoint: Annotated[str | None, AfterValidator(_endpoint)] = Field(
+        description="URL of an S3-compatible store (http or https); null for AWS")
+    region: Text = Field(description="S3 region, e.g. us-east-1")
+    bucket: Text = Field(description="bucket holding datasets, checkpoints and published runs")
+    run_prefix: Prefix = Field(description="this run's results: model/, manifest.json, metrics.json, _SUCCESS")
+    checkpoint_prefix: Prefix = Field(description="checkpoints, shared by the runs that resume each other")
+    dataset_prefix: Prefix = Field(description="train.npz and test.npz")
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """Validated settings; see the module docstring for the meaning of each field."""
+class Task(_Strict):
+    type: str = Field(description="this task's job (its role)")
+    index: int = Field(ge=0, description="this task's index within its job")
 
-    cluster: str
-    run_id: str
-    role: str
-    index: int
-    tf_config: dict
-    model_module: str
-    steps: int
-    batch_size: int
-    learning_rate: float
-    checkpoint_every: int
-    s3: S3Location
-    state_dir: str
-    max_runtime_s: int
-    start_timeout_s: int = 0  # 0: max_runtime_s
-    stall_timeout_s: int = 0  # 0: the chief's default
+
+class TfConfig(_Strict):
+    """The ``TF_CONFIG`` value: every job's addresses and this task."""
+
+    cluster: dict[str, list[Address]] = Field(
+        description="job -> list of 'host:port' (which jobs, and how many tasks each: the strategy's shape)")
+    task: Task
+
+
+class Settings(_Strict):
+    """Validated settings of one node; see the module docstring for an example."""
+
+    cluster: Text = Field(description="cluster name")
+    run_id: Text = Field(description="id of this training run")
+    strategy: StrategyName = Field(strategies.DEFAULT_STRATEGY, description="distribution strategy")
+    role: Literal[ROLES] = Field(description="this node's job: " + " | ".join(ROLES))  # type: ignore[valid-type]
+    index: int = Field(ge=0, description="task index within the role")
+    tf_config: TfConfig = Field(description="cluster spec and this task (becomes TF_CONFIG)")
+    model_module: Text = Field(description="name in <harness_dir>/models/ or absolute path to a .py file")
+    steps: int = Field(ge=1, description="training steps in total")
+    batch_size: int = Field(ge=1, description="examples per step")
+    learning_rate: float = Field(gt=0, description="the optimizer's learning rate")
+    checkpoint_every: int = Field(ge=1, description="steps between checkpoints")
+    s3: S3Location = Field(description="where datasets, checkpoints and published runs live")
+    state_dir: Text = Field(description="local dir: status.json, data shard, checkpoints, model")
+    max_runtime_s: int = Field(ge=1, description="the chief gives up (exit 3) after this many seconds")
+    start_timeout_s: int | None = Field(
+        None, ge=1, description="how long the chief waits for every peer (default: max_runtime_s)")
+    stall_timeout_s: int | None = Field(
+        None, ge=10, description="no training step for this long ends the chief (exit 4; default 90)")
+
+    @model_validator(mode="after")
+    def _cluster_fits(self) -> Settings:
+        for problem in _cluster_problems(self):
+            raise ValueError(problem)
+        return self
 
     @property
     def cluster_spec(self) -> dict[str, list[str]]:
         """``{"ps": [...], "worker": [...], "chief": [...]}`` from ``tf_config``."""
-        return self.tf_config["cluster"]
+        return self.tf_config.cluster
 
     @property
     def num_workers(self) -> int:
-        return len(self.cluster_spec["worker"])
+        return len(self.cluster_spec.get("worker", ()))
 
     def peers(self) -> list[tuple[str, str]]:
-        """``(task name, "host:port")`` for every ps and worker, e.g. ``("worker/1", "10.0.0.3:2222")``."""
-        return [(f"{job}/{i}", addr) for job in ("ps", "worker")
-                for i, addr in enumerate(self.cluster_spec[job])]
+        """``(task name, "host:port")`` of every other task, e.g. ``("worker/1", "10.0.0.3:2222")``."""
+        return [(f"{job}/{i}", addr) for job in ROLES for i, addr in enumerate(self.cluster_spec.get(job, ()))
+                if (job, i) != (self.role, self.index)]
 
     def tf_config_json(self) -> str:
         """The value for the ``TF_CONFIG`` environment variable."""
-        return json.dumps(self.tf_config, sort_keys=True)
+        return json.dumps(self.tf_config.model_dump(), sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
 
-def _fail(key: str, problem: str, value: Any) -> SettingsError:
-    return SettingsError(f"settings[{key!r}] {problem} (got {value!r})")
+def _cluster_problems(s: Settings) -> list[str]:
+    """Cross-field rules: the cluster fits the strategy's shape, the task is this node, no address twice."""
+    cluster = s.tf_config.cluster
+    counts = {job: len(addrs) for job, addrs in cluster.items()}
+    shape = strategies.shape_problems(s.strategy, counts)
+    if shape:
+        return [f"tf_config.cluster does not fit strategy {s.strategy}: {'; '.join(shape)} (got {cluster!r})"]
+    addrs = [a for job in cluster for a in cluster[job]]
+    twice = sorted({a for a in addrs if addrs.count(a) > 1})
+    if twice:
+        return [f"tf_config.cluster uses an address twice {twice} (got {cluster!r})"]
+    task = s.tf_config.task
+    if (task.type, task.index) != (s.role, s.index):
+        return [f"tf_config.task must match role={s.role!r} index={s.index} (got {task.model_dump()!r})"]
+    if s.role not in cluster or s.index >= len(cluster[s.role]):
+        return [f"index is out of range for {len(cluster.get(s.role, ()))} {s.role} task(s) (got {s.index})"]
+    return []
 
 
-def _int(d: dict, key: str, minimum: int, path: str = "") -> int:
-    value = d[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(path + key, "must be an integer", value)
-    if value < minimum:
-        raise _fail(path + key, f"must be >= {minimum}", value)
-    return value
+def _key(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc if not isinstance(part, int))
 
 
-def _str(d: dict, key: str, path: str = "", allow_empty: bool = False) -> str:
-    value = d[key]
-    if not isinstance(value, str) or (not allow_empty and not value.strip()):
-        raise _fail(path + key, "must be a non-empty string", value)
-    return value
-
-
-def _check_keys(d: Any, expected: frozenset, where: str, optional: frozenset = frozenset()) -> None:
-    if not isinstance(d, dict):
-        raise SettingsError(f"{where} must be a dict (got {type(d).__name__})")
-    missing = sorted(expected - d.keys())
-    unknown = sorted(set(d) - expected - optional)
-    if missing or unknown:
-        raise SettingsError(f"{where}: missing keys {missing}, unknown keys {unknown}; "
-                            f"expected exactly {sorted(expected)}")
-
-
-def _prefix(d: dict, key: str) -> str:
-    value = _str(d, key, "s3.").strip("/")
-    if not value:
-        raise _fail("s3." + key, "must name a prefix, not the bucket root", d[key])
-    return value
-
-
-def _tf_config(value: Any, role: str, index: int) -> dict:
-    if not isinstance(value, dict) or not isinstance(value.get("cluster"), dict) \
-            or not isinstance(value.get("task"), dict):
-        raise _fail("tf_config", "must be {'cluster': {...}, 'task': {'type': ..., 'index': ...}}", value)
-    cluster = value["cluster"]
-    unknown = sorted(set(cluster) - set(ROLES))
-    if unknown:
-        raise _fail("tf_config.cluster", f"has unknown jobs {unknown}; allowed {list(ROLES)}", cluster)
-    for job in ROLES:
-        addrs = cluster.get(job)
-        if not isinstance(addrs, list) or not addrs:
-            raise _fail(f"tf_config.cluster.{job}", "must be a non-empty list of 'host:port'", addrs)
-        for addr in addrs:
-            if not isinstance(addr, str) or not _ADDRESS.match(addr):
-                raise _fail(f"tf_config.cluster.{job}", "entries must look like 'host:port'", addr)
-    if len(cluster["chief"]) != 1:
-        raise _fail("tf_config.cluster.chief", "must hold exactly one address", cluster["chief"])
-    all_addrs = [a for job in ROLES for a in cluster[job]]
-    duplicates = sorted({a for a in all_addrs if all_addrs.count(a) > 1})
-    if duplicates:
-        raise _fail("tf_config.cluster", f"uses an address twice {duplicates}", cluster)
-    task = value["task"]
-    if task.get("type") != role or task.get("index") != index:
-        raise _fail("tf_config.task", f"must match role={role!r} index={index}", task)
-    if index >= len(cluster[role]):
-        raise _fail("index", f"is out of range for {len(cluster[role])} {role} task(s)", index)
-    return {"cluster": {job: list(cluster[job]) for job in ROLES},
-            "task": {"type": role, "index": index}}
+def _describe(error: dict) -> str:
+    """One pydantic error as ``settings['key']: problem (got value)``."""
+    key, kind, value = _key(error["loc"]), error["type"], error.get("input")
+    if kind == "missing":
+        return f"settings[{key!r}] is missing"
+    if kind == "extra_forbidden":
+        return f"settings[{key!r}] is not a known key (got {value!r})"
+    msg = error["msg"].removeprefix("Value error, ")
+    if kind == "literal_error":
+        msg = f"must be one of {error['ctx']['expected']}"
+    elif kind in ("greater_than_equal", "greater_than"):
+        msg = f"must be {'>=' if kind == 'greater_than_equal' else '>'} {next(iter(error['ctx'].values()))}"
+    elif kind in ("int_type", "float_type", "string_type", "dict_type", "list_type", "model_type"):
+        msg = "must be " + {"int_type": "an integer", "float_type": "a number", "string_type": "a string",
+                            "dict_type": "a mapping", "list_type": "a list",
+                            "model_type": "a mapping"}[kind]
+    if not key:
+        return f"settings: {msg}"
+    return f"settings[{key!r}] {msg} (got {value!r})"
 
 
 def validate(raw: Any) -> Settings:
     """Check a settings dict and return it as :class:`Settings` (raises :class:`SettingsError`)."""
-    _check_keys(raw, SETTINGS_KEYS, "settings", OPTIONAL_KEYS)
-    role = raw["role"]
-    if role not in ROLES:
-        raise _fail("role", f"must be one of {list(ROLES)}", role)
-    index = _int(raw, "index", 0)
-    lr = raw["learning_rate"]
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        raise _fail("learning_rate", "must be a positive number", lr)
-    s3 = raw["s3"]
-    _check_keys(s3, S3_KEYS, "settings['s3']")
-    endpoint = s3["endpoint"]
-    if endpoint is not None and (not isinstance(endpoint, str)
-                                 or not re.match(r"^https?://[^\s/]+", endpoint)):
-        raise _fail("s3.endpoint", "must be an http(s) URL or null (AWS)", endpoint)
-    location = S3Location(
-        endpoint=endpoint or None,
-        region=_str(s3, "region", "s3."),
-        bucket=_str(s3, "bucket", "s3."),
-        run_prefix=_prefix(s3, "run_prefix"),
-        checkpoint_prefix=_prefix(s3, "checkpoint_prefix"),
-        dataset_prefix=_prefix(s3, "dataset_prefix"),
-    )
-    return Settings(
-        cluster=_str(raw, "cluster"),
-        run_id=_str(raw, "run_id"),
-        role=role,
-        index=index,
-        tf_config=_tf_config(raw["tf_config"], role, index),
-        model_module=_str(raw, "model_module"),
-        steps=_int(raw, "steps", 1),
-        batch_size=_int(raw, "batch_size", 1),
-        learning_rate=float(lr),
-        checkpoint_every=_int(raw, "checkpoint_every", 1),
-        s3=location,
-        state_dir=_str(raw, "state_dir"),
-        max_runtime_s=_int(raw, "max_runtime_s", 1),
-        start_timeout_s=_int(raw, "start_timeout_s", 1) if "start_timeout_s" in raw else 0,
-        stall_timeout_s=_int(raw, "stall_timeout_s", 10) if "stall_timeout_s" in raw else 0,
-    )
+    if not isinstance(raw, dict):
+        raise SettingsError(f"settings must be a dict (got {type(raw).__name__})")
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as exc:
+        raise SettingsError("; ".join(_describe(e) for e in exc.errors())) from None

@@ -91,3 +91,22 @@ class Progress:
 
     def line(self, step: int, loss: float) -> str:
         return format_progress(step, self.total, loss, self.examples_per_sec(step), self.eta_s(step))
+
+
+class ChiefState:
+    """What the chief is doing (phase, step, loss, throughput), shared with the watchdogs and the failure
+    handler; :meth:`report` writes it to status.json with any extra fields (``accuracy``, ``error``...)."""
+
+    def __init__(self, state_dir: str | os.PathLike, total: int):
+        self.state_dir = state_dir
+        self.total = total
+        self.phase = "starting"
+        self.step = 0
+        self.loss: float | None = None
+        self.examples_per_sec: float | None = None
+
+    def report(self, phase: str | None = None, **extra) -> None:
+        if phase:
+            self.phase = phase
+        write_status(self.state_dir, role="chief", phase=self.phase, step=self.step, total=self.total,
+                     loss=self.loss, examples_per_sec=self.examples_per_sec, **extra)

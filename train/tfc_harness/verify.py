@@ -49,8 +49,7 @@ def evaluate_in_subprocess(model_dir: str | os.PathLike, test_npz: str | os.Path
     # The evaluator needs no S3 access: keep credentials out of its environment.
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HARNESS_PARENT), env.get("PYTHONPATH")]))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     proc = subprocess.run([sys.executable, "-m", "tfc_harness.evaluate", str(model_dir), str(test_npz)],
                           capture_output=True, text=True, env=env, timeout=timeout_s)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]

@@ -1,0 +1,64 @@
+"""The outer loop's sequencing with a fake train function: chunks, boundaries, checkpoints, status."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+from harness_support import free_port
+from tfc_harness import loop
+from tfc_harness.peers import PeerMonitor
+from tfc_harness.status import ChiefState
+
+
+@pytest.mark.parametrize("step, every, total, boundary", [(0, 100, 300, 100), (100, 100, 300, 200),
+                                                          (250, 100, 300, 300), (0, 100, 30, 30)])
+def test_next_boundary(step, every, total, boundary):
+    assert loop.next_boundary(step, every, total) == boundary
+
+
+def test_next_chunk_aims_at_the_target_time():
+    assert loop.next_chunk(10, 0.05, target_s=0.5) == 100     # fast steps: bigger chunks
+    assert loop.next_chunk(10, 5.0, target_s=0.5) == 1        # slow steps: never below 1
+    assert loop.next_chunk(10, 0.0, target_s=0.5) == 5000    # a zero duration does not divide by zero
+
+
+def test_train_runs_every_step_checkpoints_at_boundaries_and_reports(tmp_path):
+    calls, saved = [], []
+
+    def train_fn(n):
+        calls.append(n)
+        time.sleep(0.001 * n)
+        return [0.5] * min(n, 8)
+
+    state = ChiefState(tmp_path, total=250)
+    state.step = 20          # resumed
+    seconds = loop.train(train_fn, state, batch_size=4, checkpoint_every=100, save=saved.append)
+    assert sum(calls) == 230 and calls[0] == loop.FIRST_CHUNK
+    assert saved == [100, 200, 250]
+    done = 20
+    for n in calls:          # no call crosses a checkpoint boundary
+        assert loop.next_boundary(done, 100, 250) >= done + n
+        done += n
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["phase"] == "training" and status["step"] == 250 and status["total"] == 250
+    assert status["loss"] == 0.5 and status["examples_per_sec"] > 0 and seconds > 0
+
+
+def test_peer_monitor_counts_losses_and_rejoins():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    monitor = PeerMonitor([("worker/0", address), ("worker/1", f"127.0.0.1:{free_port()}")])
+    monitor.probe()
+    assert monitor.failures == {"worker/1": 1} and monitor.rejoins == {}
+    listener.close()
+    monitor.probe()
+    monitor.probe()
+    assert monitor.failures == {"worker/0": 1, "worker/1": 1}
+    with socket.create_server(("127.0.0.1", int(address.rsplit(":", 1)[1]))):
+        monitor.probe()
+    assert monitor.rejoins == {"worker/0": 1}

@@ -1,0 +1,60 @@
+"""The outer training loop: it only sequences (train a chunk of steps, report, checkpoint at boundaries).
+
+How steps run is the strategy's ``train(n)`` (:meth:`tfc_harness.strategies.Strategy.make_train_fn`); what
+a step computes is :mod:`tfc_harness.steps`; saving is :class:`tfc_harness.saver.Saver`.  Chunks adapt so
+that each ``train(n)`` call takes about :data:`CHUNK_TARGET_S` (dispatch has a fixed cost per call), never
+crossing a checkpoint boundary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .status import ChiefState, Progress
+
+FIRST_CHUNK = 10
+CHUNK_TARGET_S = 0.5      # aim for this much work per train(n) call
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def next_boundary(step: int, checkpoint_every: int, total: int) -> int:
+    """The next checkpoint step after ``step`` (the last step is always one)."""
+    return min(total, (step // checkpoint_every + 1) * checkpoint_every)
+
+
+def next_chunk(done: int, took_s: float, target_s: float = CHUNK_TARGET_S) -> int:
+    """Steps for the next call, from how long ``done`` steps took: about ``target_s`` of work, at least 1."""
+    return max(1, int(done * target_s / max(took_s, 1e-3)))
+
+
+def _report(state: ChiefState, progress: Progress, step: int, losses: list[float]) -> None:
+    state.step = step
+    state.loss = sum(losses) / len(losses)
+    state.examples_per_sec = progress.examples_per_sec(step)
+    if progress.due() or step == state.total:
+        log(progress.line(step, state.loss))
+        state.report()
+
+
+def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, batch_size: int, checkpoint_every: int,
+          save: Callable[[int], None]) -> float:
+    """Run ``train_fn`` from ``state.step`` to ``state.total``; returns the seconds spent training."""
+    step, total = state.step, state.total
+    progress = Progress(total, batch_size, start_step=step)
+    state.report("training")
+    chunk = FIRST_CHUNK
+    while step < total:
+        boundary = next_boundary(step, checkpoint_every, total)
+        n = max(1, min(chunk, boundary - step))
+        started = time.monotonic()
+        losses = train_fn(n)
+        step += n
+        chunk = next_chunk(n, time.monotonic() - started)
+        _report(state, progress, step, losses)
+        if step == boundary:
+            save(step)
+    return progress.elapsed()

@@ -1,0 +1,70 @@
+"""The chief's checkpoints: restore the newest of the local and the S3 copies, save and mirror to S3.
+
+Local checkpoints live in the strategy's :meth:`~tfc_harness.strategies.Strategy.checkpoint_dir`; S3's
+in ``<checkpoint_prefix>/`` (:mod:`tfc_harness.checkpoints`).  A local checkpoint newer than any in S3 (its
+upload failed) wins over S3's.  A failed upload leaves ``unpublished.json`` (:mod:`tfc_harness.unpublished`)
+so that the node is not destroyed with the only copy.
+"""
+
+from __future__ import annotations
+
+from . import checkpoints, unpublished
+from .errors import HarnessError
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class Saver:
+    """``restore()`` once, then ``save(step)`` at each checkpoint boundary."""
+
+    def __init__(self, strategy, s3_client, model, optimizer):
+        import tensorflow as tf
+
+        self.strategy, self.settings, self.client = strategy, strategy.settings, s3_client
+        self.directory = strategy.checkpoint_dir()
+        self.options = strategy.checkpoint_options()
+        self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        # The names model/optimizer/step are the checkpoint's format: runs resume each other's checkpoints.
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self.step_var)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.directory), max_to_keep=checkpoints.KEEP,
+                                                  checkpoint_name=checkpoints.PREFIX)
+
+    def _restore_from(self, path: str, where: str) -> int:
+        self.checkpoint.restore(path, options=self.options).assert_existing_objects_matched()
+        step = int(self.step_var.numpy())
+        log(f"resumed from checkpoint at step {step}{where}")
+        return step
+
+    def restore(self) -> int:
+        """Restore the newest checkpoint (local or S3) and return its step; 0 when there is none."""
+        s3 = self.settings.s3
+        latest_local = self.manager.latest_checkpoint
+        local_step = int(latest_local.rsplit("-", 1)[1]) if latest_local else 0
+        s3_steps = checkpoints.saved_steps(self.client, s3.bucket, s3.checkpoint_prefix)
+        if local_step and local_step > (s3_steps[-1] if s3_steps else 0):
+            step = self._restore_from(latest_local, " (local, newer than S3)")
+        else:
+            latest = checkpoints.download_latest(self.client, s3.bucket, s3.checkpoint_prefix, self.directory)
+            step = self._restore_from(str(latest[1]), "") if latest else 0
+        if step > self.settings.steps:
+            raise HarnessError(f"checkpoint step {step} is beyond steps={self.settings.steps}")
+        return step
+
+    def save(self, step: int) -> None:
+        """Write checkpoint ``step`` locally, then upload it (the run's owner only)."""
+        self.step_var.assign(step)
+        self.manager.save(checkpoint_number=step, options=self.options)
+        if self.strategy.writes_published_checkpoints():
+            self._upload(step)
+        log(f"checkpoint saved at step {step}")
+
+    def _upload(self, step: int) -> None:
+        s3 = self.settings.s3
+        try:
+            checkpoints.upload(self.client, s3.bucket, s3.checkpoint_prefix, self.directory, step)
+        except Exception as exc:
+            unpublished.mark(self.settings.state_dir, self.settings.run_id, step,
+                             f"checkpoint upload failed: {exc}", self.directory)
+            raise

@@ -1,0 +1,135 @@
+"""Distribution strategies: the cluster shape each needs, and the interface each implements.
+
+This module imports neither TensorFlow nor pydantic, so the controller can read :data:`SHAPES` to check
+a cluster file and to tell the boilerplate play what the inventory must hold.  Each strategy is a small
+module of its own (``parameter_server``: :mod:`tfc_harness.parameter_server`) that subclasses
+:class:`Strategy`; :func:`get` imports it by name.
+
+A shape maps each job (TensorFlow task type) to ``(minimum, maximum)`` task counts, ``None`` for no
+maximum.  Jobs absent from a strategy's shape must not appear in its cluster.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+DEFAULT_STRATEGY = "parameter_server"
+
+# The one statement of each strategy's cluster shape (config validation, boilerplate play, harness).
+SHAPES: dict[str, dict[str, tuple[int, int | None]]] = {
+    "parameter_server": {"ps": (1, None), "worker": (1, None), "chief": (1, 1)},
+}
+
+# strategy name -> "module:class" under tfc_harness (imported only when a node runs that strategy)
+_IMPLEMENTATIONS = {
+    "parameter_server": "parameter_server:ParameterServer",
+}
+
+# Every job any strategy knows, in the order TF_CONFIG lists them.
+JOB_ORDER = ("ps", "worker", "chief")
+
+
+def names() -> tuple[str, ...]:
+    """The strategy names, for ``strategy:`` choices and error messages."""
+    return tuple(SHAPES)
+
+
+def shape_for(strategy: str) -> dict[str, tuple[int, int | None]]:
+    """The ``{job: (min, max)}`` table of ``strategy``; ValueError naming the allowed names."""
+    try:
+        return SHAPES[strategy]
+    except KeyError:
+        raise ValueError(f"unknown strategy {strategy!r}; allowed: {list(SHAPES)}") from None
+
+
+def describe_count(low: int, high: int | None) -> str:
+    """``exactly 1`` / ``>= 1`` / ``1 to 4``: how many tasks of a job a shape allows."""
+    if high is None:
+        return f">= {low}"
+    return f"exactly {low}" if low == high else f"{low} to {high}"
+
+
+def shape_problems(strategy: str, counts: Mapping[str, int]) -> list[str]:
+    """What is wrong with ``{job: task count}`` for ``strategy``; empty when the shape fits.
+
+    Each problem names the job, the count given and what is allowed, e.g.
+    ``chief: 2 task(s); parameter_server needs exactly 1``.
+    """
+    shape = shape_for(strategy)
+    problems = [f"{job}: {counts[job]} task(s); {strategy} has no {job} job"
+                for job in counts if job not in shape and counts[job]]
+    for job, (low, high) in shape.items():
+        n = counts.get(job, 0)
+        if n < low or (high is not None and n > high):
+            problems.append(f"{job}: {n} task(s); {strategy} needs {describe_count(low, high)}")
+    return problems
+
+
+class Strategy(abc.ABC):
+    """One distribution strategy on one node: what its tasks run and how the loop drives training.
+
+    A node that does not run the training loop (:meth:`runs_loop` is False, e.g. a parameter server)
+    calls :meth:`serve` and nothing else.  A node that runs the loop calls, in order: :meth:`connect`;
+    builds model and optimizer inside :meth:`scope`; :meth:`make_dataset`; :meth:`make_train_fn`; then
+    the loop calls the train function with a step count, and checkpoints go to :meth:`checkpoint_dir`
+    with :meth:`checkpoint_options`.
+    """
+
+    name: str = ""
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    @property
+    def shape(self) -> dict[str, tuple[int, int | None]]:
+        return shape_for(self.name)
+
+    @abc.abstractmethod
+    def runs_loop(self) -> bool:
+        """Whether this node runs the training loop (and then evaluates and publishes)."""
+
+    @abc.abstractmethod
+    def serve(self) -> int:
+        """Run a task that does not run the loop until it is stopped; returns an exit code."""
+
+    @abc.abstractmethod
+    def connect(self) -> None:
+        """Build the ``tf.distribute`` strategy (and whatever dispatches steps) from ``TF_CONFIG``."""
+
+    @abc.abstractmethod
+    def scope(self):
+        """Context manager under which the model's and optimizer's variables are created."""
+
+    @abc.abstractmethod
+    def make_dataset(self, example_shape: tuple[int, ...], batch_size: int) -> Any:
+        """The input the train function reads: each worker's own batches of ``batch_size`` examples."""
+
+    @abc.abstractmethod
+    def make_train_fn(self, replica_step: Callable, dataset: Any) -> Callable[[int], list[float]]:
+        """``train(n)``: run ``n`` steps of ``replica_step(x, y) -> loss``; returns some of their losses."""
+
+    @abc.abstractmethod
+    def checkpoint_dir(self) -> Path:
+        """Where this node writes checkpoints (a chief's directory is the one mirrored to S3)."""
+
+    @abc.abstractmethod
+    def checkpoint_options(self):
+        """``tf.train.CheckpointOptions`` for saving and restoring."""
+
+    def writes_published_checkpoints(self) -> bool:
+        """Whether this node's checkpoints are the run's (uploaded to S3); others' are scratch copies."""
+        return self.settings.role == "chief"
+
+
+def get(strategy: str) -> type[Strategy]:
+    """The :class:`Strategy` subclass registered under ``strategy`` (imports its module)."""
+    shape_for(strategy)
+    module_name, class_name = _IMPLEMENTATIONS[strategy].split(":")
+    cls = getattr(importlib.import_module(f"{__package__}.{module_name}"), class_name)
+    if cls.name != strategy:
+        raise AssertionError(f"{cls.__name__}.name is {cls.name!r}, registered as {strategy!r}")
+    return cls
