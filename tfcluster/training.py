@@ -22,16 +22,6 @@ from .providers.base import Node, read_nodes
 from .runrecord import RunState
 
 
-def harness():
-    """The training harness package from train/ (the controller uses it for data and verification)."""
-    if str(TRAIN_DIR) not in sys.path:
-        sys.path.insert(0, str(TRAIN_DIR))
-    import tfc_harness.data
-    import tfc_harness.verify
-
-    return tfc_harness
-
-
 def model_name(spec: RunSpec) -> str:
     return model_path(spec).stem
 
@@ -107,6 +97,7 @@ def _run_settings(spec: RunSpec, run_id: str) -> dict:
     return {
         "run_id": run_id,
         "model_module": model_name(spec),
+        "strategy": spec.get("strategy"),
         "steps": spec.get("training.steps"),
         "batch_size": spec.get("training.batch_size"),
         "learning_rate": spec.get("training.learning_rate"),
@@ -231,8 +222,14 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
     settings = _run_settings(spec, run_id)
     s3 = store.client(spec)
     with phase("dataset"):
-        info = harness().data.ensure_dataset(s3, spec.get("storage.bucket"), settings["s3"]["dataset_prefix"],
-                                             str(model_path(spec)))
+        from tfc_harness import data
+        from tfc_harness.errors import HarnessError
+
+        try:
+            info = data.ensure_dataset(s3, spec.get("storage.bucket"), settings["s3"]["dataset_prefix"],
+                                       str(model_path(spec)))
+        except HarnessError as exc:  # the user's model module: named, with what is wrong
+            raise TfclusterError(str(exc)) from None
         say(f"dataset s3://{spec.get('storage.bucket')}/{settings['s3']['dataset_prefix']}/ "
             + ("uploaded" if info["uploaded"] else "already there"))
     run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(), "steps": settings["steps"],
@@ -316,7 +313,9 @@ def verify(spec: RunSpec, run: dict) -> dict:
     dest = artifacts_root() / spec.cluster / run["run_id"]
     with phase(f"verify the model in {run['s3_prefix']}"):
         try:
-            result = harness().verify.verify_run(store.client(spec), spec.get("storage.bucket"),
+            from tfc_harness import verify as harness_verify
+
+            result = harness_verify.verify_run(store.client(spec), spec.get("storage.bucket"),
                                                  settings["s3"]["run_prefix"], dest)
         except TfclusterError:
             raise

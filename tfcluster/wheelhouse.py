@@ -45,13 +45,13 @@ def ensure(version: str, packages: list[str] = ("tensorflow-cpu",), log=print) -
     packages = list(packages)
     target = path_for(version, packages)
     marker = target / ".complete"
-    if marker.exists():
+    wanted = [f"{p}=={version}" for p in packages] + list(EXTRA_PACKAGES)
+    if marker.exists() and marker.read_text().split() == wanted:
         return target
     target.mkdir(parents=True, exist_ok=True)
-    wanted = [f"{p}=={version}" for p in packages]
-    log(f"downloading {', '.join(wanted)} and {', '.join(EXTRA_PACKAGES)} into {target} (once)")
+    log(f"downloading {', '.join(wanted)} into {target} (once; wheels already there are kept)")
     cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:",
-           "-d", str(target), *wanted, *EXTRA_PACKAGES]
+           "-d", str(target), *wanted]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise TfclusterError(f"could not download {', '.join(wanted)}: {res.stderr.strip()[-1500:]}")
