@@ -47,7 +47,7 @@ locals {
   given_az       = lookup(local.opts, "availability_zone", "")
 
   tags     = { "tfcluster:cluster" = var.cluster_name }
-  ssh_user = var.ssh_user == "" ? "ubuntu" : var.ssh_user
+  ssh_user = var.ssh_user == "" ? "admin" : var.ssh_user # the Debian AMIs' user
   # IAM names are global to the account: the region keeps two clusters of one name apart.
   iam_name = "tfcluster-${var.cluster_name}-${local.region}"
 
@@ -71,7 +71,7 @@ locals {
   role_arch    = { for r in local.active_roles : r => local.type_arch[local.instance_type[r]] }
   lookup_archs = toset([for r in local.active_roles : local.role_arch[r] if lookup(var.images, r, "") == ""])
   image = { for r in local.active_roles : r => (
-    lookup(var.images, r, "") != "" ? var.images[r] : data.aws_ami.ubuntu[local.role_arch[r]].id
+    lookup(var.images, r, "") != "" ? var.images[r] : data.aws_ami.debian[local.role_arch[r]].id
   ) }
 
   ordered = concat(
@@ -110,14 +110,16 @@ data "aws_ec2_instance_type_offerings" "used" {
   }
 }
 
-# Canonical's Ubuntu 22.04 LTS, newest first, per CPU architecture in use.
-data "aws_ami" "ubuntu" {
+# Debian 12 (bookworm, Python 3.11) from the Debian cloud team's account, newest first, per CPU
+# architecture in use (image names debian-12-amd64-YYYYMMDD-NNNN, debian-12-arm64-...; the pattern
+# leaves out the debian-12-backports-* images). Its default user is admin.
+data "aws_ami" "debian" {
   for_each    = local.lookup_archs
   most_recent = true
-  owners      = ["099720109477"]
+  owners      = ["136693071363"]
   filter {
     name   = "name"
-    values = ["ubuntu/images/hvm-ssd*/ubuntu-jammy-22.04-${each.value}-server-*"]
+    values = ["debian-12-${each.value}-*"]
   }
   filter {
     name   = "virtualization-type"

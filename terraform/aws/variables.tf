@@ -54,7 +54,7 @@ variable "instance_types" {
 }
 
 variable "images" {
-  description = "AMI id per role (keys ps, worker, chief); '' or a missing key = the newest Ubuntu 22.04 LTS image of Canonical for the instance type's architecture."
+  description = "AMI id per role (keys ps, worker, chief); '' or a missing key = the newest official Debian 12 AMI (owner 136693071363, debian-12-<amd64|arm64>-*, Python 3.11, user admin) for the instance type's architecture."
   type        = map(string)
   default     = {}
   validation {
@@ -63,7 +63,7 @@ variable "images" {
   }
   validation {
     condition     = alltrue([for i in values(var.images) : i == "" || can(regex("^ami-[0-9a-f]{8}([0-9a-f]{9})?$", i))])
-    error_message = "images: '' (Ubuntu 22.04 LTS) or an AMI id such as ami-0123456789abcdef0."
+    error_message = "images: '' (Debian 12) or an AMI id such as ami-0123456789abcdef0."
   }
 }
 
@@ -91,12 +91,12 @@ variable "ssh_public_key" {
 }
 
 variable "ssh_user" {
-  description = "SSH user on the nodes; '' = ubuntu (the default image's user). Set it when an image in images uses another user."
+  description = "SSH user on the nodes; '' = admin (the Debian AMIs' user). Set it when an image in images uses another user."
   type        = string
   default     = ""
   validation {
     condition     = var.ssh_user == "" || can(regex("^[a-z_][a-z0-9_-]{0,31}$", var.ssh_user))
-    error_message = "ssh_user: '' (ubuntu) or a Unix user name (lowercase letters, digits, '_' and '-', up to 32 characters)."
+    error_message = "ssh_user: '' (admin) or a Unix user name (lowercase letters, digits, '_' and '-', up to 32 characters)."
   }
 }
 

@@ -29,7 +29,7 @@ locals {
   # Resource names: "tfcluster-<cluster>" is 12-30 characters, a valid service-account id too.
   name     = "tfcluster-${var.cluster_name}"
   tag      = "tfcluster-${var.cluster_name}"
-  ssh_user = var.ssh_user == "" ? "ubuntu" : var.ssh_user
+  ssh_user = var.ssh_user == "" ? "debian" : var.ssh_user # created by the guest agent from ssh-keys
   labels   = { tfcluster = var.cluster_name }
 
   create_network = lookup(local.opts, "network", "") == ""
@@ -59,7 +59,7 @@ locals {
 
   needs_default_image = anytrue([for r in local.roles : local.counts[r] > 0 && lookup(var.images, r, "") == ""])
   image = { for r in local.roles : r => (
-    lookup(var.images, r, "") != "" ? var.images[r] : one(data.google_compute_image.ubuntu[*].self_link)
+    lookup(var.images, r, "") != "" ? var.images[r] : one(data.google_compute_image.debian[*].self_link)
   ) }
 
   # Runs at every boot; the node powers itself off at the run's hard limit. Compute Engine deletes it
@@ -78,10 +78,11 @@ locals {
   nodes = { for n in local.ordered : "${var.cluster_name}-${n.role}-${n.index}" => n }
 }
 
-data "google_compute_image" "ubuntu" {
+# Debian 12 (bookworm, Python 3.11): the newest image of family debian-12 in project debian-cloud.
+data "google_compute_image" "debian" {
   count   = local.needs_default_image ? 1 : 0
-  family  = "ubuntu-2204-lts"
-  project = "ubuntu-os-cloud"
+  family  = "debian-12"
+  project = "debian-cloud"
 }
 
 # --- network ------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ variable "instance_types" {
 }
 
 variable "images" {
-  description = "Boot image per role: an image name, family path (ubuntu-os-cloud/ubuntu-2204-lts) or self link; '' or absent means the latest Ubuntu 22.04 LTS (family ubuntu-2204-lts of ubuntu-os-cloud)."
+  description = "Boot image per role: an image name, family path (debian-cloud/debian-12) or self link; '' or absent means the latest Debian 12 (family debian-12 of debian-cloud, Python 3.11)."
   type        = map(string)
   default     = {}
   validation {
@@ -62,7 +62,7 @@ variable "images" {
   }
   validation {
     condition     = alltrue([for v in values(var.images) : v == "" || can(regex("^[A-Za-z0-9][A-Za-z0-9/_.:-]*$", v))])
-    error_message = "images: '' (Ubuntu 22.04 LTS) or an image name, family path or self link (letters, digits, '/', '_', '.', ':', '-')."
+    error_message = "images: '' (Debian 12) or an image name, family path or self link (letters, digits, '/', '_', '.', ':', '-')."
   }
 }
 
@@ -90,12 +90,12 @@ variable "ssh_public_key" {
 }
 
 variable "ssh_user" {
-  description = "SSH user on the nodes, created by the guest agent from the ssh-keys metadata; '' means ubuntu."
+  description = "SSH user on the nodes, created by the guest agent from the ssh-keys metadata; '' means debian."
   type        = string
   default     = ""
   validation {
     condition     = var.ssh_user == "" || (can(regex("^[a-z_][a-z0-9_-]{0,31}$", var.ssh_user)) && var.ssh_user != "root")
-    error_message = "ssh_user: '' (ubuntu) or a Unix user name ([a-z_][a-z0-9_-]{0,31}) other than root."
+    error_message = "ssh_user: '' (debian) or a Unix user name ([a-z_][a-z0-9_-]{0,31}) other than root."
   }
 }
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cloud.conftest import AWS_PLUGIN, UBUNTU_AMI
+from tests.cloud.conftest import AWS_PLUGIN, DEBIAN_AMI
 from tests.unit.test_terraform_interface import SHARED_INPUTS
 from tfcluster.config import resolve
 from tfcluster.errors import EXIT_USAGE, ConfigError
@@ -44,6 +44,7 @@ def aws_spec(endpoint: str | None = None, options: dict | None = None, **overrid
     values = {
         "cluster": CLUSTER,
         "provider": "aws",
+        "storage.bucket": "tfct-runs",
         "nodes.ps.count": 1,
         "nodes.worker.count": 2,
         "nodes.chief.count": 1,
@@ -75,7 +76,7 @@ def test_registered_with_shared_inputs_and_lazy_sdk(tmp_path):
 
 def test_region_defaults_to_the_buckets(tmp_path):
     provider = AwsProvider(ClusterState("x", root=tmp_path))
-    spec = resolve(overrides={"provider": "aws", "storage.region": "eu-west-3",
+    spec = resolve(overrides={"provider": "aws", "storage.region": "eu-west-3", "storage.bucket": "tfct-runs",
                               "network.allowed_ssh_cidrs": ["198.51.100.7/32"]})
     provider.check(spec)
     assert provider.provider_options(spec) == {"region": "eu-west-3"}
@@ -194,7 +195,7 @@ def test_up_inspect_down(tmp_path, moto_endpoint, aws_env, public_key, monkeypat
             assert n.name == f"{CLUSTER}-{n.role}-{n.index}"
             assert ipaddress.ip_address(n.private_ip) in subnet
             assert ipaddress.ip_address(n.public_ip) not in subnet
-            assert (n.ssh_user, n.ssh_port, n.gpus) == ("ubuntu", 22, 0)
+            assert (n.ssh_user, n.ssh_port, n.gpus) == ("admin", 22, 0)  # the Debian AMIs' user
         assert len({n.private_ip for n in nodes}) == 4
 
         # the instances: counts and types per role, tags, image, key, role, spot, shutdown, user data
@@ -211,7 +212,7 @@ def test_up_inspect_down(tmp_path, moto_endpoint, aws_env, public_key, monkeypat
             assert tags["tfcluster:index"] == str(n.index)
             assert inst["InstanceType"] == types[n.role]
             assert inst["PrivateIpAddress"] == n.private_ip
-            assert inst["ImageId"] == UBUNTU_AMI  # found by the module's Ubuntu 22.04 lookup
+            assert inst["ImageId"] == DEBIAN_AMI  # the module's Debian 12 lookup (not backports, not another owner)
             assert inst["KeyName"] == f"tfcluster-{CLUSTER}"
             assert inst["IamInstanceProfile"]["Arn"].endswith(f":instance-profile/{ROLE_NAME}")
             assert inst.get("InstanceLifecycle") == "spot"
@@ -309,7 +310,7 @@ def test_leftovers_names_what_is_still_there(tmp_path, moto_endpoint, aws_env):
     assert provider.leftovers() == []  # no root written: nothing was ever created
     provider.module().write_root(provider.inputs(aws_spec(moto_endpoint, cluster="tfct-left"), "ssh-ed25519 AAAA x"))
     assert provider.leftovers() == []
-    inst = ec2.run_instances(ImageId=UBUNTU_AMI, MinCount=1, MaxCount=1, TagSpecifications=[{
+    inst = ec2.run_instances(ImageId=DEBIAN_AMI, MinCount=1, MaxCount=1, TagSpecifications=[{
         "ResourceType": "instance", "Tags": [{"Key": "tfcluster:cluster", "Value": "tfct-left"}]}])["Instances"][0]
     try:
         assert provider.leftovers() == [f"instance {inst['InstanceId']} (running)"]

@@ -26,7 +26,7 @@ def spec_for(ps=1, workers=1, chief=1, gpus=(0, 0, 0), **extra):
     values = {"cluster": "tfct-im", "provider": "im", "provider_options": options,
               "nodes.ps.count": ps, "nodes.worker.count": workers, "nodes.chief.count": chief,
               "nodes.ps.gpus": gpus[0], "nodes.worker.gpus": gpus[1], "nodes.chief.gpus": gpus[2],
-              "network.allowed_ssh_cidrs": ["203.0.113.0/24"]}
+              "network.allowed_ssh_cidrs": ["203.0.113.0/24"], "storage.bucket": "my-team-runs"}
     values.update(extra)
     return resolve(values)
 
@@ -217,6 +217,7 @@ def test_adopt_local_needs_a_deployednode_line(tmp_path, no_im_calls):
 def test_cli_up_refuses_a_bad_value_with_exit_2(home, tmp_path, auth_file):
     cfg = tmp_path / "bad.yml"
     cfg.write_text(f"cluster: tfct-im\nprovider: im\nnetwork: {{allowed_ssh_cidrs: ['203.0.113.0/24']}}\n"
+                   "storage: {bucket: my-team-runs}\n"
                    f"provider_options: {{im_url: 'http://127.0.0.1:9', auth_file: '{auth_file}', "
                    f"image_url: '{IMAGE}', worker_memory: 'much'}}\n")
     res = run_cli("up", "--config", str(cfg), home=home)
@@ -269,6 +270,7 @@ def test_operator_render_for_im_client(tmp_path):
     """python -m tfcluster.radl_render prints a document IM configures by itself (no keys in it)."""
     cfg = tmp_path / "cluster.yml"
     cfg.write_text(f"cluster: tfct-im\nprovider: im\nnetwork: {{allowed_ssh_cidrs: ['198.51.100.7/32']}}\n"
+                   "storage: {bucket: my-team-runs}\n"
                    f"provider_options: {{image_url: '{IMAGE}', wheelhouse_url: 'https://example.org/w/'}}\n")
     res = subprocess.run([PYTHON, "-m", "tfcluster.radl_render", "--config", str(cfg)], cwd=REPO,
                          capture_output=True, text=True)

@@ -26,7 +26,8 @@ CLASSES = {"gcp": GcpProvider, "openstack": OpenstackProvider}
 
 
 def spec_for(name: str, **overrides):
-    values = {"provider": name, "network.allowed_ssh_cidrs": SSH, **GOOD[name], **overrides}
+    values = {"provider": name, "network.allowed_ssh_cidrs": SSH, "storage.bucket": "my-team-runs", **GOOD[name],
+              **overrides}
     return resolve(overrides=values)
 
 

@@ -12,6 +12,7 @@ import re
 
 from ..config import ROLES, RunSpec
 from ..errors import ConfigError
+from ..tfsupport import DefaultImage
 from .base import TerraformProvider, register
 
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
@@ -72,6 +73,8 @@ _OPTION_CHECKS = {
 class AwsProvider(TerraformProvider):
     name = "aws"
     requires_ssh_cidrs = True
+    halts_vm = True
+    default_image = DefaultImage("Debian 12 (official AMI of account 136693071363, amd64 or arm64)", "3.11", "admin")
     options = {
         "region": "AWS region of the nodes (default: storage.region)",
         "vpc_id": "an existing VPC; needs subnet_id (only checked against the subnet's VPC)",
@@ -116,7 +119,7 @@ class AwsProvider(TerraformProvider):
             image = spec.get(f"nodes.{role}.image")
             if image and not _AMI_RE.fullmatch(image):
                 raise ConfigError(f"nodes.{role}.image", image,
-                                  "'' (Ubuntu 22.04 LTS) or an AMI id such as ami-0123456789abcdef0")
+                                  "'' (Debian 12, the official AMI) or an AMI id such as ami-0123456789abcdef0")
 
     def provider_options(self, spec: RunSpec) -> dict[str, str]:
         """The user's options as strings for the module; the region defaults to the bucket's."""

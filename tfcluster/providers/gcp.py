@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from ..config import ROLES, RunSpec
 from ..errors import ConfigError
+from ..tfsupport import DefaultImage
 from .base import TerraformProvider, register
 
 #: machine-type families that come with their own GPUs (no guest accelerators attached)
@@ -80,6 +81,8 @@ class GcpProvider(TerraformProvider):
 
     name = "gcp"
     requires_ssh_cidrs = True
+    halts_vm = True
+    default_image = DefaultImage("Debian 12 (image family debian-cloud/debian-12)", "3.11", "debian")
     unsupported = {"ipv6": "the VMs get IPv4 addresses only, so SSH sources must be IPv4 CIDR blocks"}
     options = {
         "project": "GCP project id (required)",

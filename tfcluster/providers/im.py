@@ -33,7 +33,7 @@ from .. import radl_render
 from ..config import ROLES, RunSpec
 from ..errors import ConfigError, ProvisionError, TfclusterError
 from ..paths import ClusterState
-from .base import Node, Provider, register
+from .base import VM_HALT_MARGIN_MINUTES, Node, Provider, register
 from .local import LocalProvider
 
 DEFAULT_TIMEOUT = 900
@@ -493,7 +493,16 @@ class ImProvider(Provider):
     def wheelhouse_host(self, spec: RunSpec) -> str | None:
         if _truthy("provider_options.adopt_local", spec.get("provider_options").get("adopt_local", "")):
             return LocalProvider(self.state).wheelhouse_host(_local_spec(spec))
-        return None  # cloud nodes get the wheelhouse copied by Ansible
+        # Cloud nodes have a route to a package index: offline_nodes() is False, so tfcluster gives the
+        # tensorflow role tensorflow_source "index" and prepares no wheelhouse at all (the image's Python
+        # may differ from the controller's, for which the wheelhouse would be downloaded).
+        return None
+
+    def vm_halt_minutes(self, spec: RunSpec) -> int:
+        """Cloud VMs halt after the run's deadline plus the margin; adopted local nodes never (shared kernel)."""
+        if _truthy("provider_options.adopt_local", spec.get("provider_options").get("adopt_local", "")):
+            return 0
+        return spec.get("max_runtime_minutes") + VM_HALT_MARGIN_MINUTES
 
 
 def say(msg: str) -> None:
