@@ -46,6 +46,12 @@ locals {
   vpc_cidr       = lookup(local.opts, "vpc_cidr", "10.42.0.0/16")
   given_az       = lookup(local.opts, "availability_zone", "")
 
+  # The VM's own halt, armed at first boot, is a backstop: the run's deadline counts from the start of
+  # training, so the tf_node role re-arms the halt then (deadline plus a margin). The allowance covers
+  # configuration (packages, a GPU driver, TensorFlow) before training starts.
+  configure_allowance_minutes = 60
+  halt_after_minutes          = var.max_runtime_minutes + local.configure_allowance_minutes
+
   tags     = { "tfcluster:cluster" = var.cluster_name }
   ssh_user = var.ssh_user == "" ? "admin" : var.ssh_user # the Debian AMIs' user
   # IAM names are global to the account: the region keeps two clusters of one name apart.
@@ -297,11 +303,12 @@ resource "aws_instance" "node" {
   iam_instance_profile        = aws_iam_instance_profile.node.name
 
   # A forgotten cluster ends itself: halting the guest terminates the instance, and the user data
-  # halts it max_runtime_minutes after the first boot (again after a reboot, for the time left).
+  # halts it max_runtime_minutes plus the configure allowance after the first boot (again after a
+  # reboot, for the time left); tf_node re-arms it from the run's deadline when training starts.
   instance_initiated_shutdown_behavior = "terminate"
   user_data = templatefile("${path.module}/templates/user_data.sh.tftpl", {
     name    = each.key
-    minutes = var.max_runtime_minutes
+    minutes = local.halt_after_minutes
   })
   user_data_replace_on_change = true
 

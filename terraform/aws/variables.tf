@@ -143,7 +143,7 @@ variable "prefix" {
 }
 
 variable "max_runtime_minutes" {
-  description = "Hard limit of the cluster's life: each instance halts itself this many minutes after boot, and a halted instance is terminated."
+  description = "Hard limit of a run, counted from the start of training. Each instance halts itself (and so terminates) this many minutes plus a 60-minute configuration allowance after boot, a backstop that tfcluster's tf_node role replaces with the run's deadline plus a margin when training starts."
   type        = number
   validation {
     condition     = var.max_runtime_minutes >= 1 && var.max_runtime_minutes <= 10080 && var.max_runtime_minutes == floor(var.max_runtime_minutes)

@@ -62,12 +62,16 @@ locals {
     lookup(var.images, r, "") != "" ? var.images[r] : one(data.google_compute_image.debian[*].self_link)
   ) }
 
-  # Runs at every boot; the node powers itself off at the run's hard limit. Compute Engine deletes it
-  # at the same limit (scheduling.max_run_duration below).
-  startup_script = <<-EOT
+  # Runs at every boot; the node powers itself off after max_runtime_minutes plus an allowance for
+  # configuration, a backstop: the run's deadline counts from the start of training, and the tf_node
+  # role re-arms the halt then (deadline plus a margin). Compute Engine deletes the VM at the backstop
+  # (scheduling.max_run_duration below), so it never comes before the run's own halt.
+  configure_allowance_minutes = 60
+  halt_after_minutes          = var.max_runtime_minutes + local.configure_allowance_minutes
+  startup_script              = <<-EOT
     #!/bin/sh
-    # tfcluster ${var.cluster_name}: hard limit of the run (max_runtime_minutes)
-    shutdown -h +${var.max_runtime_minutes} "tfcluster: max_runtime_minutes (${var.max_runtime_minutes}) reached"
+    # tfcluster ${var.cluster_name}: backstop (max_runtime_minutes + configuration allowance)
+    shutdown -h +${local.halt_after_minutes} "tfcluster: ${local.halt_after_minutes} minutes since boot"
   EOT
 
   ordered = concat(
@@ -216,7 +220,7 @@ resource "google_compute_instance" "node" {
     on_host_maintenance         = local.on_host_maintenance[each.value.role]
     instance_termination_action = "DELETE"
     max_run_duration {
-      seconds = var.max_runtime_minutes * 60
+      seconds = local.halt_after_minutes * 60
     }
   }
 

@@ -142,7 +142,7 @@ variable "prefix" {
 }
 
 variable "max_runtime_minutes" {
-  description = "Hard limit of the run: every node powers off this many minutes after boot (startup script) and Compute Engine deletes it at the same limit (scheduling.max_run_duration, instance_termination_action DELETE)."
+  description = "Hard limit of a run, counted from the start of training. Backstop: every node powers off this many minutes plus a 60-minute configuration allowance after boot (startup script) and Compute Engine deletes it then (scheduling.max_run_duration, instance_termination_action DELETE); tfcluster's tf_node role halts it earlier, at the run's deadline plus a margin."
   type        = number
   validation {
     condition     = var.max_runtime_minutes >= 1 && var.max_runtime_minutes <= 10080 && var.max_runtime_minutes == floor(var.max_runtime_minutes)

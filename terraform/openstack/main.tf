@@ -61,7 +61,7 @@ locals {
     ssh_user       = local.ssh_user
     create_user    = local.ssh_user != "debian"
     ssh_public_key = trimspace(var.ssh_public_key)
-    minutes        = var.max_runtime_minutes
+    minutes        = var.max_runtime_minutes + 60 # backstop: tf_node re-arms the halt from the run's deadline
   })
 
   # The nodes' IPv4 address on the cluster network (the ClusterSpec and SSH use IPv4).

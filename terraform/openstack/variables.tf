@@ -143,7 +143,7 @@ variable "prefix" {
 }
 
 variable "max_runtime_minutes" {
-  description = "Hard limit of the run: cloud-init schedules `shutdown -h +<minutes>` at first boot. OpenStack has no server-side run limit; a powered-off server keeps its allocation until `make down`."
+  description = "Hard limit of a run, counted from the start of training. Backstop: cloud-init schedules `shutdown -h +<minutes + 60>` at first boot (60 minutes for configuration); tfcluster's tf_node role re-arms it for the run's deadline plus a margin. OpenStack has no server-side run limit; a powered-off server keeps its allocation until `make down`."
   type        = number
   validation {
     condition     = var.max_runtime_minutes >= 1 && var.max_runtime_minutes <= 10080 && var.max_runtime_minutes == floor(var.max_runtime_minutes)

@@ -7,6 +7,7 @@ The Terraform tests use the hashicorp/aws provider from the plugin mirror and an
 from __future__ import annotations
 
 import base64
+import fnmatch
 import ipaddress
 import json
 import os
@@ -224,7 +225,10 @@ def test_up_inspect_down(tmp_path, moto_endpoint, aws_env, public_key, monkeypat
             data = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
             user_data = base64.b64decode(data["UserData"]["Value"]).decode()
             assert user_data.startswith("#!/bin/sh\n")
-            assert "\nshutdown -h +45 " in user_data
+            assert "\nshutdown -h +105 " in user_data  # max_runtime_minutes 45 + 60 for configuration
+            unit = user_data.split("tfcluster-deadline.service <<'UNIT'\n")[1].split("UNIT\n")[0]
+            assert "WantedBy=multi-user.target" in unit
+            assert "multi-user.target" not in unit.split("[Install]")[0]  # no ordering cycle
             assert SECRET not in user_data and "AWS_SECRET" not in user_data
             root = ec2.describe_volumes(Filters=[{"Name": "attachment.instance-id",
                                                   "Values": [inst["InstanceId"]]}])["Volumes"]
@@ -274,6 +278,13 @@ def test_up_inspect_down(tmp_path, moto_endpoint, aws_env, public_key, monkeypat
                                                "arn:aws:s3:::tfct-bucket/team/runs/*"]
         assert listing["Action"] == "s3:ListBucket" and listing["Resource"] == "arn:aws:s3:::tfct-bucket"
         assert sorted(listing["Condition"]["StringLike"]["s3:prefix"]) == ["datasets/*", "team/runs/*"]
+        # issue 8 item 4: a HEAD of a missing key would be 403 under this role (no unconditional ListBucket);
+        # s3io.exists lists with the key as prefix instead, which this condition admits for the keys the
+        # chief looks for (the run's _SUCCESS, the dataset's files), and nothing outside them
+        prefixes = listing["Condition"]["StringLike"]["s3:prefix"]
+        for key in ("team/runs/tfct-aws/20260101-abcd/_SUCCESS", "datasets/digits/train.npz"):
+            assert any(fnmatch.fnmatchcase(key, p) for p in prefixes), key
+        assert not any(fnmatch.fnmatchcase("other/runs/x/_SUCCESS", p) for p in prefixes)
         profile = iam.get_instance_profile(InstanceProfileName=ROLE_NAME)["InstanceProfile"]
         assert [r["RoleName"] for r in profile["Roles"]] == [ROLE_NAME]
 
