@@ -157,16 +157,24 @@ variable "provider_options" {
     region (default us-east-1); vpc_id and subnet_id (use this network; subnet_id alone is enough, vpc_id alone is refused);
     vpc_cidr (the created VPC's network when no subnet_id is given, /16 to /24, default 10.42.0.0/16);
     availability_zone (of the created subnet; default: the first zone offering every instance type);
-    associate_public_ip ("true"/"false"; default: a created subnet gives public addresses, a given subnet keeps its own setting); spot ("true"/"false", default "false");
+    associate_public_ip ("true"/"false"; default: a created subnet gives public addresses, a given subnet keeps its own setting; "false" needs subnet_id and subnet_has_nat "true"); subnet_has_nat ("true": the given subnet has a NAT route); spot ("true"/"false", default "false");
     root_volume_gb (8-16384, default 50); endpoint (an AWS API emulator URL for tests, e.g. http://127.0.0.1:5000).
   EOT
   type        = map(string)
   default     = {}
   validation {
     condition = alltrue([for k in keys(var.provider_options) : contains([
-      "region", "vpc_id", "subnet_id", "vpc_cidr", "availability_zone", "associate_public_ip", "spot", "root_volume_gb", "endpoint"
+      "region", "vpc_id", "subnet_id", "vpc_cidr", "availability_zone", "associate_public_ip", "subnet_has_nat", "spot", "root_volume_gb", "endpoint"
     ], k)])
-    error_message = "provider_options: known keys are region, vpc_id, subnet_id, vpc_cidr, availability_zone, associate_public_ip, spot, root_volume_gb, endpoint."
+    error_message = "provider_options: known keys are region, vpc_id, subnet_id, vpc_cidr, availability_zone, associate_public_ip, subnet_has_nat, spot, root_volume_gb, endpoint."
+  }
+  validation {
+    condition     = lookup(var.provider_options, "associate_public_ip", "") != "false" || (lookup(var.provider_options, "subnet_id", "") != "" && lookup(var.provider_options, "subnet_has_nat", "false") == "true")
+    error_message = "provider_options.associate_public_ip: \"false\" only with a subnet_id whose route to the internet is a NAT (subnet_has_nat \"true\"): without a public address an instance reaches apt and PyPI only through NAT, and the created network has none."
+  }
+  validation {
+    condition     = contains(["true", "false"], lookup(var.provider_options, "subnet_has_nat", "false"))
+    error_message = "provider_options.subnet_has_nat: \"true\" or \"false\"."
   }
   validation {
     condition     = can(regex("^[a-z]{2}(-[a-z]+)+-[0-9]$", lookup(var.provider_options, "region", "us-east-1")))

@@ -115,6 +115,12 @@ def test_check_refuses_unknown_option(tmp_path):
     ({"network.subnet": "10.9.9.0/24"}, "network.subnet", "subnet_id"),
     ({"nodes.worker.image": "ubuntu-22.04"}, "nodes.worker.image", "AMI id"),
     ({"nodes.ps.instance_type": "big"}, "nodes.ps.instance_type", "c6i.xlarge"),
+    # issue 8 item 11: no public address and no NAT = no apt, no PyPI
+    ({"provider_options": {"associate_public_ip": "false"}}, "provider_options.associate_public_ip",
+     "NAT gateway"),
+    ({"provider_options": {"associate_public_ip": "false", "subnet_id": "subnet-01234567"}},
+     "provider_options.subnet_has_nat", "subnet subnet-01234567 routes to the internet through NAT"),
+    ({"provider_options": {"subnet_has_nat": "yes"}}, "provider_options.subnet_has_nat", '"true" or "false"'),
 ])
 def test_check_refuses_what_the_module_cannot_do(tmp_path, overrides, field, fragment):
     with pytest.raises(ConfigError) as err:
@@ -140,9 +146,11 @@ def test_module_refuses_bad_values_before_creating_anything(tmp_path, moto_endpo
     inputs = provider.inputs(aws_spec(moto_endpoint, cluster="tfct-bad"), public_key)
     inputs.update(tf_port=80, allowed_ssh_cidrs=[])
     inputs["provider_options"]["spot"] = "maybe"
+    inputs["provider_options"]["associate_public_ip"] = "false"
     tf.write_root(inputs)
     tf.init()
     out = _plan(tf)
+    assert 'provider_options.associate_public_ip: "false" only with a subnet_id whose route' in out
     assert "tf_port: a whole number from 1024 to 65535." in out
     assert "allowed_ssh_cidrs: at least one network must be listed" in out and "0.0.0.0/0" in out
     assert 'provider_options.spot and provider_options.associate_public_ip: "true" or "false".' in out
