@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tarfile
 
 import pytest
 import requests
+import yaml
 from radl.radl_parse import parse_radl
 
 from tests.conftest import PYTHON, REPO, run_cli
@@ -63,10 +65,11 @@ def test_cluster_shapes_parse_and_check(shape, gpus):
     assert public.getValue("outports") == "203.0.113.0/24-22/tcp-22/tcp"
     # tfcluster's own mode: IM only provides nodes
     assert parsed.contextualize.items == {}
-    # configure sections only apply the project's roles
-    for role in ("ps", "worker", "chief"):
+    # configure sections only apply the project's roles (gpu_driver on GPU roles)
+    for role, n_gpus in zip(("ps", "worker", "chief"), gpus, strict=True):
         recipe = parsed.get_configure_by_name(role).recipes
-        assert re.findall(r"- role: (\S+)", recipe) == ["common", "tensorflow", "tf_node"]
+        expected = ["common", "gpu_driver", "tensorflow", "tf_node"] if n_gpus else ["common", "tensorflow", "tf_node"]
+        assert re.findall(r"- role: (\S+)", recipe) == expected
         assert "tasks:" not in recipe
         assert f"tf_role: {role}" in recipe
 
@@ -286,3 +289,59 @@ def test_cloud_nodes_without_ssh_sources_are_refused_not_opened():
     with pytest.raises(ConfigError) as err:
         radl_render.render(spec)
     assert err.value.field == "network.allowed_ssh_cidrs" and "no open default" in str(err.value)
+
+
+# -- issue 8 item 8: what IM's own contextualization needs from the configure sections ------------------
+
+INVENTORY_VARS = {"tf_role", "tf_index", "tf_port", "tf_cluster_spec", "tf_node_count", "tf_gpus"}
+
+
+def _recipe(parsed, role: str) -> dict:
+    (play,) = yaml.safe_load(parsed.get_configure_by_name(role).recipes)
+    return play
+
+
+def test_configure_sections_set_only_variables_their_roles_declare_and_what_they_assert():
+    parsed = parse_radl(radl_render.render(spec_for(gpus=(0, 2, 0)), contextualize="im"))
+    for role in ("ps", "worker", "chief"):
+        play = _recipe(parsed, role)
+        applied = [r["role"] for r in play["roles"]]
+        declared = set(INVENTORY_VARS)
+        for name in applied:
+            specs = yaml.safe_load((REPO / "roles" / name / "meta" / "argument_specs.yml").read_text())
+            declared |= set(specs["argument_specs"]["main"]["options"])
+        assert set(play["vars"]) <= declared, set(play["vars"]) - declared
+        v = play["vars"]
+        # tf_node asserts a non-empty bundle and bundle id; the id is the one tfcluster builds for the run
+        assert v["tf_node_bundle"] == "harness.tar.gz"
+        assert v["tf_node_bundle_id"] == radl_render.bundle_id(spec_for()) and len(v["tf_node_bundle_id"]) == 16
+        # no wheelhouse URL: the tensorflow role installs from the node's package index
+        assert (v["tensorflow_source"], v["tensorflow_wheelhouse_url"]) == ("index", "")
+        assert v["tf_gpus"] == (2 if role == "worker" else 0)
+        assert ("gpu_driver" in applied) is (role == "worker")
+        assert applied.index("common") < applied.index("tensorflow") < applied.index("tf_node")
+
+
+def test_a_wheelhouse_url_selects_the_wheelhouse_source_and_gpu_driver_is_served_with_the_roles():
+    spec = spec_for(gpus=(0, 1, 0), options={"wheelhouse_url": "https://example.org/w/",
+                                            "roles_url": "https://example.org/roles"})
+    parsed = parse_radl(radl_render.render(spec, contextualize="im"))
+    v = _recipe(parsed, "ps")["vars"]
+    assert (v["tensorflow_source"], v["tensorflow_wheelhouse_url"]) == ("wheelhouse", "https://example.org/w")
+    assert "ansible.roles.https://example.org/roles/gpu_driver.tar.gz|gpu_driver" in str(
+        parsed.get_system_by_name("worker"))
+
+
+def test_bundle_out_writes_the_bundle_the_radl_names(tmp_path):
+    cfg = tmp_path / "cluster.yml"
+    cfg.write_text(f"cluster: tfct-im\nprovider: im\nnetwork: {{allowed_ssh_cidrs: ['198.51.100.7/32']}}\n"
+                   "storage: {bucket: my-team-runs}\n"
+                   f"provider_options: {{image_url: '{IMAGE}'}}\n")
+    res = subprocess.run([PYTHON, "-m", "tfcluster.radl_render", "--config", str(cfg), "--bundle-out",
+                          str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    bundle_id = _recipe(parse_radl(res.stdout), "ps")["vars"]["tf_node_bundle_id"]
+
+    with tarfile.open(tmp_path / "b" / "harness.tar.gz") as tar:
+        assert f".bundle-{bundle_id}" in tar.getnames()
+    assert "wheelhouse_url is empty" in res.stderr  # the note says what the empty value means
