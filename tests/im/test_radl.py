@@ -345,3 +345,37 @@ def test_bundle_out_writes_the_bundle_the_radl_names(tmp_path):
     with tarfile.open(tmp_path / "b" / "harness.tar.gz") as tar:
         assert f".bundle-{bundle_id}" in tar.getnames()
     assert "wheelhouse_url is empty" in res.stderr  # the note says what the empty value means
+
+
+# -- item 7: IM's OpenStack connector defaults to Keystone v2.0, gone since Queens ---------------------
+
+@pytest.mark.parametrize(("line", "refused"), [
+    ("id = site; type = OpenStack; host = https://k.example.org:5000; username = u; password = SECRETPASS; "
+     "tenant = t", True),
+    ("id = site; type = OpenStack; host = https://k.example.org:5000; username = u; password = SECRETPASS; "
+     "tenant = t; auth_version = 2.0_password", True),
+    ("id = site; type = OpenStack; host = https://k.example.org:5000; username = u; password = SECRETPASS; "
+     "tenant = t; domain = Default; auth_version = 3.x_password", False),
+    ("# id = old; type = OpenStack; username = u; password = SECRETPASS", False),
+])
+def test_openstack_auth_lines_need_keystone_v3(tmp_path, no_im_calls, line, refused):
+    auth = tmp_path / "auth.dat"
+    auth.write_text("id = im; type = InfrastructureManager; username = u; password = SECRETPASS\n" + line + "\n")
+    spec = spec_for(options={"auth_file": str(auth)})
+    provider = ImProvider(ClusterState("tfct-im", root=tmp_path))
+    if not refused:
+        provider.check(spec)
+        return
+    with pytest.raises(ConfigError) as err:
+        provider.check(spec)
+    assert err.value.field == "provider_options.auth_file" and "auth_version = 3.x_password" in err.value.allowed
+    assert "line id site" in err.value.allowed and "SECRETPASS" not in str(err.value)
+
+
+def test_readme_auth_example_passes_the_check(tmp_path, no_im_calls):
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("The auth file is IM's own format, one credential per line:\n```\n")[1].split("```")[0]
+    assert "auth_version = 3.x_password" in block and "domain = " in block
+    auth = tmp_path / "auth.dat"
+    auth.write_text(block)
+    ImProvider(ClusterState("tfct-im", root=tmp_path)).check(spec_for(options={"auth_file": str(auth)}))

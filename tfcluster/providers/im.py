@@ -86,6 +86,20 @@ def auth_ids(path: Path, kind: str) -> list[str]:
     return ids
 
 
+def keystone_v2_ids(path: Path) -> list[str]:
+    """Ids of OpenStack lines that would authenticate with Keystone v2.0 (IM's default when a line names no
+    ``auth_version``), which Keystone removed in Queens. Only the auth_version key is read, no secret."""
+    bad = []
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("#") or not re.search(r"(?:^|;)\s*type\s*=\s*['\"]?OpenStack\b", line):
+            continue
+        m = re.search(r"(?:^|;)\s*auth_version\s*=\s*['\"]?([A-Za-z0-9_.]+)", line)
+        if not m or m.group(1).lower().startswith("2"):
+            ident = re.search(r"(?:^|;)\s*id\s*=\s*['\"]?([A-Za-z0-9_.-]+)", line)
+            bad.append(ident.group(1) if ident else "(no id)")
+    return bad
+
+
 def auth_header(path: Path) -> str:
     """IM's Authorization header for an auth file: lines joined by a literal backslash-n.
 
@@ -272,6 +286,13 @@ class ImProvider(Provider):
         if "InfrastructureManager" not in types:
             raise ConfigError("provider_options.auth_file", str(path),
                               "an auth file with a 'type = InfrastructureManager' line (IM's own credentials)")
+        v2 = keystone_v2_ids(path)
+        if v2:
+            raise ConfigError("provider_options.auth_file", str(path),
+                              f"OpenStack lines with auth_version = 3.x_password and a domain (line id {v2[0]} names "
+                              "none or 2.0: IM then speaks Keystone v2.0, which Keystone removed in Queens), e.g. "
+                              "'id = site; type = OpenStack; host = https://keystone.example.org:5000; username = U; "
+                              "password = P; tenant = PROJECT; domain = Default; auth_version = 3.x_password'")
         if s["adopt_local"]:
             if "DeployedNode" not in types:
                 raise ConfigError("provider_options.auth_file", str(path),
