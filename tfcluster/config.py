@@ -24,6 +24,9 @@ from .errors import ConfigError
 ROLES = ("ps", "worker", "chief")
 PROVIDERS = ("local", "aws", "gcp", "openstack", "im")
 STRATEGIES = ("parameter_server",)
+#: ssh.timeout_seconds unless set, off the local provider: a cloud VM (a GPU one above all) can take minutes
+#: to run sshd, and IM reports VMs before their SSH is up
+CLOUD_SSH_TIMEOUT_S = 600
 
 #: off while re-reading a saved spec: `down` must work even if the user's model file is gone
 _CHECK_FILES: ContextVar[bool] = ContextVar("check_files", default=True)
@@ -252,7 +255,8 @@ SCHEMA: dict = {
                          "pinned TensorFlow release installed on every node"),
     },
     "storage": {
-        "bucket": Field("tfcluster", _bucket, "S3 bucket for datasets, checkpoints and models"),
+        "bucket": Field("tfcluster", _bucket, "S3 bucket for datasets, checkpoints and models (the default "
+                        "`tfcluster` serves the local store only: set a bucket you own on clouds)"),
         "prefix": Field("runs", _prefix, "key prefix for runs: <prefix>/<cluster>/<run-id>/"),
         "endpoint": Field("auto", _endpoint, "S3 endpoint URL; 'auto' = local store on local, AWS otherwise"),
         "credentials_file": Field("", _credentials_file,
@@ -281,7 +285,8 @@ SCHEMA: dict = {
     "ssh": {
         "user": Field("", _regex(re.compile(r"^[a-z_][a-z0-9_-]{0,31}$"), "a Unix user name", optional=True),
                       "SSH user on the nodes ('' = the provider's default)"),
-        "timeout_seconds": Field(60, _int(5, 3600), "how long to wait for every node's SSH"),
+        "timeout_seconds": Field(60, _int(5, 3600), "how long to wait for every node's SSH (unless set: 60 on "
+                                 f"local, {CLOUD_SSH_TIMEOUT_S} on clouds and im, whose VMs boot slower)"),
     },
 }
 
@@ -397,17 +402,41 @@ def resolve(file_values: Mapping[str, Any] | None = None,
 
 def _resolve(file_values, overrides) -> RunSpec:
     merged = {path: copy.deepcopy(f.default) for path, f in FIELDS.items()}
+    explicit = set()
     for source in (file_values or {}, overrides or {}):
         for key, value in source.items():
             if key not in FIELDS:
                 raise ConfigError(key, value, "a known field: " + ", ".join(sorted(FIELDS)))
             merged[key] = value
+            explicit.add(key)
     checked = {path: FIELDS[path].check(path, value) for path, value in merged.items()}
     tree: dict = {}
     for path, value in checked.items():
         _set(tree, path, value)
+    _provider_defaults(tree, explicit)
     _check_relations(tree)
     return RunSpec(tree)
+
+
+def _uses_cloud_nodes(tree: dict) -> bool:
+    """Nodes and storage off this machine: every provider but local, and im unless it adopts local nodes."""
+    if tree["provider"] == "local":
+        return False
+    adopt = str(tree["provider_options"].get("adopt_local", "")).lower() in ("true", "yes", "1")
+    return not (tree["provider"] == "im" and adopt)
+
+
+def _provider_defaults(tree: dict, explicit: set[str]) -> None:
+    """Defaults that differ off the local provider, and what has no safe default there (values set win)."""
+    if not _uses_cloud_nodes(tree):
+        return
+    if "ssh.timeout_seconds" not in explicit:
+        tree["ssh"]["timeout_seconds"] = CLOUD_SSH_TIMEOUT_S
+    if "storage.bucket" not in explicit:
+        raise ConfigError("storage.bucket", f"{tree['storage']['bucket']} (the default)",
+                          f"a bucket you own, set explicitly on provider {tree['provider']} (S3 bucket names are "
+                          "global: the default 'tfcluster' serves the local store and is someone else's on AWS), "
+                          "e.g. --set storage.bucket=my-team-tfcluster")
 
 
 def _check_relations(tree: dict) -> None:

@@ -25,18 +25,19 @@ import ipaddress
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from .config import ROLES, RunSpec
 from .errors import ConfigError, ProvisionError
-from .paths import REPO
-from .wheelhouse import package_for
+from .paths import REPO, TRAIN_DIR
+from .wheelhouse import harness_bundle, package_for
 
 RADL_DIR = REPO / "radl"
 TEMPLATE = "cluster.radl.j2"
-PROJECT_ROLES = ("common", "tensorflow", "tf_node")
+PROJECT_ROLES = ("common", "gpu_driver", "tensorflow", "tf_node")
 CONTEXTUALIZE_MODES = ("tfcluster", "im")
 
 DEFAULT_CPU = 2
@@ -65,7 +66,8 @@ OPTIONS = {
     "cloud_id": "the id of the auth-file line to deploy to (deploy <system> <n> <cloud_id>); '' lets IM choose",
     "roles_url": "for IM's own contextualization: base http(s) URL serving common.tar.gz, tensorflow.tar.gz and "
                  "tf_node.tar.gz (the roles/ of this repository)",
-    "wheelhouse_url": "for IM's own contextualization: URL the nodes read the TensorFlow wheelhouse from",
+    "wheelhouse_url": "for IM's own contextualization: URL the nodes read the TensorFlow wheelhouse from "
+                      "('' = each node installs from its package index)",
     "harness_bundle": "for IM's own contextualization: the harness bundle, a path on IM's Ansible master or a "
                       "file of the tf_node role (default harness.tar.gz)",
 }
@@ -248,10 +250,11 @@ def context(spec: RunSpec, options: dict[str, str] | None = None, *, adopted: li
                                                               f"local://{spec.cluster}/{n.name}"),
                                     hostname=n.name, summary=f"{n.name} (adopted, {ip})"))
         systems += members
-        roles.append({"name": role, "systems": [m["name"] for m in members],
+        roles.append({"name": role, "systems": [m["name"] for m in members], "gpus": gpus,
                       "tensorflow_package": package_for(gpus)})
     for r in roles:
         r["index_expr"], r["spec_expr"] = _group_exprs(r["name"], r["systems"], tf_port)
+    wheelhouse_url = check_http_url("provider_options.wheelhouse_url", opts.get("wheelhouse_url", ""))
 
     total = sum(s["count"] for s in systems)
     return {
@@ -266,16 +269,35 @@ def context(spec: RunSpec, options: dict[str, str] | None = None, *, adopted: li
         "tf_port": tf_port,
         "tensorflow_version": spec.get("tensorflow.version"),
         "roles_url": check_http_url("provider_options.roles_url", opts.get("roles_url", "")),
-        "wheelhouse_url": check_http_url("provider_options.wheelhouse_url", opts.get("wheelhouse_url", "")),
+        "wheelhouse_url": wheelhouse_url,
+        # without a wheelhouse the tensorflow role must use the node's package index (its "wheelhouse" source
+        # refuses an empty URL)
+        "tensorflow_source": "wheelhouse" if wheelhouse_url else "index",
         "harness_bundle": _check(_BUNDLE_RE, "provider_options.harness_bundle",
                                  opts.get("harness_bundle", "harness.tar.gz"), "a file path: letters, digits, "
                                  "'_', '.', '/', '-'"),
+        "harness_bundle_id": bundle_id(spec),
         "cloud_id": cloud_id,
         "public_key": credentials.public_key.strip() if credentials and credentials.public_key else "",
         "private_key": credentials.private_key if credentials else "",
         "contextualize": contextualize,
         "max_ctxt_time": 3600,
     }
+
+
+def bundle_id(spec: RunSpec, dest_dir=None) -> str:
+    """Content id of the harness bundle tfcluster builds for this run (train/ plus a user's model file).
+
+    tf_node asserts it and unpacks the bundle once per id; ``python -m tfcluster.radl_render --bundle-out``
+    writes the same bundle for IM's Ansible master.
+    """
+    import tempfile
+
+    model = spec.get("training.model")
+    model_file = model if model.endswith(".py") else ""
+    with tempfile.TemporaryDirectory() as tmp:
+        path, digest = harness_bundle(TRAIN_DIR, Path(dest_dir or tmp), model_file)
+    return digest
 
 
 def _environment() -> jinja2.Environment:
@@ -315,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m tfcluster.radl_render", description=main.__doc__)
     parser.add_argument("-c", "--config", default="", help="cluster file (YAML) with provider: im")
+    parser.add_argument("--bundle-out", default="", metavar="DIR",
+                        help="also write the harness bundle (harness.tar.gz, whose id the RADL names) into DIR, "
+                             "for IM's Ansible master (see provider_options.harness_bundle)")
     parser.add_argument("--contextualize", choices=CONTEXTUALIZE_MODES, default="im",
                         help="im: IM configures the nodes with the project's roles (default); "
                              "tfcluster: empty contextualize, as tfcluster sends it")
@@ -324,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         user = spec.get("ssh.user") or DEFAULT_CLOUD_USER
         sys.stdout.write(render(spec, credentials=Credentials(user), contextualize=args.contextualize))
         opts = spec.get("provider_options")
+        if args.bundle_out:
+            bundle_id(spec, args.bundle_out)
+            print(f"radl_render: wrote {Path(args.bundle_out) / 'harness.tar.gz'}", file=sys.stderr)
         if args.contextualize == "im":
             for key in ("roles_url", "wheelhouse_url"):
                 if not opts.get(key):

@@ -178,10 +178,14 @@ def client(spec):
     from botocore.config import Config
 
     env = process_env(spec)
+    endpoint = endpoint_for(spec)
+    # Off AWS, checksums only where an operation requires them: since botocore 1.36 uploads carry CRC
+    # checksum headers/trailers that GCS's S3 interface and older S3-compatible stores reject.
+    checksums = ({"request_checksum_calculation": "when_required", "response_checksum_validation": "when_required"}
+                 if endpoint else {})
     kwargs = {"region_name": env["AWS_DEFAULT_REGION"],
               "config": Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5,
-                               read_timeout=30)}
-    endpoint = endpoint_for(spec)
+                               read_timeout=30, **checksums)}
     if endpoint:
         kwargs["endpoint_url"] = endpoint
     if "AWS_ACCESS_KEY_ID" in env:

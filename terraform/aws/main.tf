@@ -46,8 +46,14 @@ locals {
   vpc_cidr       = lookup(local.opts, "vpc_cidr", "10.42.0.0/16")
   given_az       = lookup(local.opts, "availability_zone", "")
 
+  # The VM's own halt, armed at first boot, is a backstop: the run's deadline counts from the start of
+  # training, so the tf_node role re-arms the halt then (deadline plus a margin). The allowance covers
+  # configuration (packages, a GPU driver, TensorFlow) before training starts.
+  configure_allowance_minutes = 60
+  halt_after_minutes          = var.max_runtime_minutes + local.configure_allowance_minutes
+
   tags     = { "tfcluster:cluster" = var.cluster_name }
-  ssh_user = var.ssh_user == "" ? "ubuntu" : var.ssh_user
+  ssh_user = var.ssh_user == "" ? "admin" : var.ssh_user # the Debian AMIs' user
   # IAM names are global to the account: the region keeps two clusters of one name apart.
   iam_name = "tfcluster-${var.cluster_name}-${local.region}"
 
@@ -71,7 +77,7 @@ locals {
   role_arch    = { for r in local.active_roles : r => local.type_arch[local.instance_type[r]] }
   lookup_archs = toset([for r in local.active_roles : local.role_arch[r] if lookup(var.images, r, "") == ""])
   image = { for r in local.active_roles : r => (
-    lookup(var.images, r, "") != "" ? var.images[r] : data.aws_ami.ubuntu[local.role_arch[r]].id
+    lookup(var.images, r, "") != "" ? var.images[r] : data.aws_ami.debian[local.role_arch[r]].id
   ) }
 
   ordered = concat(
@@ -110,14 +116,16 @@ data "aws_ec2_instance_type_offerings" "used" {
   }
 }
 
-# Canonical's Ubuntu 22.04 LTS, newest first, per CPU architecture in use.
-data "aws_ami" "ubuntu" {
+# Debian 12 (bookworm, Python 3.11) from the Debian cloud team's account, newest first, per CPU
+# architecture in use (image names debian-12-amd64-YYYYMMDD-NNNN, debian-12-arm64-...; the pattern
+# leaves out the debian-12-backports-* images). Its default user is admin.
+data "aws_ami" "debian" {
   for_each    = local.lookup_archs
   most_recent = true
-  owners      = ["099720109477"]
+  owners      = ["136693071363"]
   filter {
     name   = "name"
-    values = ["ubuntu/images/hvm-ssd*/ubuntu-jammy-22.04-${each.value}-server-*"]
+    values = ["debian-12-${each.value}-*"]
   }
   filter {
     name   = "virtualization-type"
@@ -295,11 +303,12 @@ resource "aws_instance" "node" {
   iam_instance_profile        = aws_iam_instance_profile.node.name
 
   # A forgotten cluster ends itself: halting the guest terminates the instance, and the user data
-  # halts it max_runtime_minutes after the first boot (again after a reboot, for the time left).
+  # halts it max_runtime_minutes plus the configure allowance after the first boot (again after a
+  # reboot, for the time left); tf_node re-arms it from the run's deadline when training starts.
   instance_initiated_shutdown_behavior = "terminate"
   user_data = templatefile("${path.module}/templates/user_data.sh.tftpl", {
     name    = each.key
-    minutes = var.max_runtime_minutes
+    minutes = local.halt_after_minutes
   })
   user_data_replace_on_change = true
 

@@ -54,7 +54,7 @@ variable "instance_types" {
 }
 
 variable "images" {
-  description = "AMI id per role (keys ps, worker, chief); '' or a missing key = the newest Ubuntu 22.04 LTS image of Canonical for the instance type's architecture."
+  description = "AMI id per role (keys ps, worker, chief); '' or a missing key = the newest official Debian 12 AMI (owner 136693071363, debian-12-<amd64|arm64>-*, Python 3.11, user admin) for the instance type's architecture."
   type        = map(string)
   default     = {}
   validation {
@@ -63,7 +63,7 @@ variable "images" {
   }
   validation {
     condition     = alltrue([for i in values(var.images) : i == "" || can(regex("^ami-[0-9a-f]{8}([0-9a-f]{9})?$", i))])
-    error_message = "images: '' (Ubuntu 22.04 LTS) or an AMI id such as ami-0123456789abcdef0."
+    error_message = "images: '' (Debian 12) or an AMI id such as ami-0123456789abcdef0."
   }
 }
 
@@ -91,12 +91,12 @@ variable "ssh_public_key" {
 }
 
 variable "ssh_user" {
-  description = "SSH user on the nodes; '' = ubuntu (the default image's user). Set it when an image in images uses another user."
+  description = "SSH user on the nodes; '' = admin (the Debian AMIs' user). Set it when an image in images uses another user."
   type        = string
   default     = ""
   validation {
     condition     = var.ssh_user == "" || can(regex("^[a-z_][a-z0-9_-]{0,31}$", var.ssh_user))
-    error_message = "ssh_user: '' (ubuntu) or a Unix user name (lowercase letters, digits, '_' and '-', up to 32 characters)."
+    error_message = "ssh_user: '' (admin) or a Unix user name (lowercase letters, digits, '_' and '-', up to 32 characters)."
   }
 }
 
@@ -143,7 +143,7 @@ variable "prefix" {
 }
 
 variable "max_runtime_minutes" {
-  description = "Hard limit of the cluster's life: each instance halts itself this many minutes after boot, and a halted instance is terminated."
+  description = "Hard limit of a run, counted from the start of training. Each instance halts itself (and so terminates) this many minutes plus a 60-minute configuration allowance after boot, a backstop that tfcluster's tf_node role replaces with the run's deadline plus a margin when training starts."
   type        = number
   validation {
     condition     = var.max_runtime_minutes >= 1 && var.max_runtime_minutes <= 10080 && var.max_runtime_minutes == floor(var.max_runtime_minutes)
@@ -157,16 +157,24 @@ variable "provider_options" {
     region (default us-east-1); vpc_id and subnet_id (use this network; subnet_id alone is enough, vpc_id alone is refused);
     vpc_cidr (the created VPC's network when no subnet_id is given, /16 to /24, default 10.42.0.0/16);
     availability_zone (of the created subnet; default: the first zone offering every instance type);
-    associate_public_ip ("true"/"false"; default: a created subnet gives public addresses, a given subnet keeps its own setting); spot ("true"/"false", default "false");
+    associate_public_ip ("true"/"false"; default: a created subnet gives public addresses, a given subnet keeps its own setting; "false" needs subnet_id and subnet_has_nat "true"); subnet_has_nat ("true": the given subnet has a NAT route); spot ("true"/"false", default "false");
     root_volume_gb (8-16384, default 50); endpoint (an AWS API emulator URL for tests, e.g. http://127.0.0.1:5000).
   EOT
   type        = map(string)
   default     = {}
   validation {
     condition = alltrue([for k in keys(var.provider_options) : contains([
-      "region", "vpc_id", "subnet_id", "vpc_cidr", "availability_zone", "associate_public_ip", "spot", "root_volume_gb", "endpoint"
+      "region", "vpc_id", "subnet_id", "vpc_cidr", "availability_zone", "associate_public_ip", "subnet_has_nat", "spot", "root_volume_gb", "endpoint"
     ], k)])
-    error_message = "provider_options: known keys are region, vpc_id, subnet_id, vpc_cidr, availability_zone, associate_public_ip, spot, root_volume_gb, endpoint."
+    error_message = "provider_options: known keys are region, vpc_id, subnet_id, vpc_cidr, availability_zone, associate_public_ip, subnet_has_nat, spot, root_volume_gb, endpoint."
+  }
+  validation {
+    condition     = lookup(var.provider_options, "associate_public_ip", "") != "false" || (lookup(var.provider_options, "subnet_id", "") != "" && lookup(var.provider_options, "subnet_has_nat", "false") == "true")
+    error_message = "provider_options.associate_public_ip: \"false\" only with a subnet_id whose route to the internet is a NAT (subnet_has_nat \"true\"): without a public address an instance reaches apt and PyPI only through NAT, and the created network has none."
+  }
+  validation {
+    condition     = contains(["true", "false"], lookup(var.provider_options, "subnet_has_nat", "false"))
+    error_message = "provider_options.subnet_has_nat: \"true\" or \"false\"."
   }
   validation {
     condition     = can(regex("^[a-z]{2}(-[a-z]+)+-[0-9]$", lookup(var.provider_options, "region", "us-east-1")))

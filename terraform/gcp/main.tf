@@ -29,7 +29,7 @@ locals {
   # Resource names: "tfcluster-<cluster>" is 12-30 characters, a valid service-account id too.
   name     = "tfcluster-${var.cluster_name}"
   tag      = "tfcluster-${var.cluster_name}"
-  ssh_user = var.ssh_user == "" ? "ubuntu" : var.ssh_user
+  ssh_user = var.ssh_user == "" ? "debian" : var.ssh_user # created by the guest agent from ssh-keys
   labels   = { tfcluster = var.cluster_name }
 
   create_network = lookup(local.opts, "network", "") == ""
@@ -59,15 +59,19 @@ locals {
 
   needs_default_image = anytrue([for r in local.roles : local.counts[r] > 0 && lookup(var.images, r, "") == ""])
   image = { for r in local.roles : r => (
-    lookup(var.images, r, "") != "" ? var.images[r] : one(data.google_compute_image.ubuntu[*].self_link)
+    lookup(var.images, r, "") != "" ? var.images[r] : one(data.google_compute_image.debian[*].self_link)
   ) }
 
-  # Runs at every boot; the node powers itself off at the run's hard limit. Compute Engine deletes it
-  # at the same limit (scheduling.max_run_duration below).
-  startup_script = <<-EOT
+  # Runs at every boot; the node powers itself off after max_runtime_minutes plus an allowance for
+  # configuration, a backstop: the run's deadline counts from the start of training, and the tf_node
+  # role re-arms the halt then (deadline plus a margin). Compute Engine deletes the VM at the backstop
+  # (scheduling.max_run_duration below), so it never comes before the run's own halt.
+  configure_allowance_minutes = 60
+  halt_after_minutes          = var.max_runtime_minutes + local.configure_allowance_minutes
+  startup_script              = <<-EOT
     #!/bin/sh
-    # tfcluster ${var.cluster_name}: hard limit of the run (max_runtime_minutes)
-    shutdown -h +${var.max_runtime_minutes} "tfcluster: max_runtime_minutes (${var.max_runtime_minutes}) reached"
+    # tfcluster ${var.cluster_name}: backstop (max_runtime_minutes + configuration allowance)
+    shutdown -h +${local.halt_after_minutes} "tfcluster: ${local.halt_after_minutes} minutes since boot"
   EOT
 
   ordered = concat(
@@ -78,10 +82,11 @@ locals {
   nodes = { for n in local.ordered : "${var.cluster_name}-${n.role}-${n.index}" => n }
 }
 
-data "google_compute_image" "ubuntu" {
+# Debian 12 (bookworm, Python 3.11): the newest image of family debian-12 in project debian-cloud.
+data "google_compute_image" "debian" {
   count   = local.needs_default_image ? 1 : 0
-  family  = "ubuntu-2204-lts"
-  project = "ubuntu-os-cloud"
+  family  = "debian-12"
+  project = "debian-cloud"
 }
 
 # --- network ------------------------------------------------------------------------------------
@@ -215,7 +220,7 @@ resource "google_compute_instance" "node" {
     on_host_maintenance         = local.on_host_maintenance[each.value.role]
     instance_termination_action = "DELETE"
     max_run_duration {
-      seconds = var.max_runtime_minutes * 60
+      seconds = local.halt_after_minutes * 60
     }
   }
 

@@ -53,7 +53,7 @@ variable "instance_types" {
 }
 
 variable "images" {
-  description = "Boot image per role: an image name, family path (ubuntu-os-cloud/ubuntu-2204-lts) or self link; '' or absent means the latest Ubuntu 22.04 LTS (family ubuntu-2204-lts of ubuntu-os-cloud)."
+  description = "Boot image per role: an image name, family path (debian-cloud/debian-12) or self link; '' or absent means the latest Debian 12 (family debian-12 of debian-cloud, Python 3.11)."
   type        = map(string)
   default     = {}
   validation {
@@ -62,7 +62,7 @@ variable "images" {
   }
   validation {
     condition     = alltrue([for v in values(var.images) : v == "" || can(regex("^[A-Za-z0-9][A-Za-z0-9/_.:-]*$", v))])
-    error_message = "images: '' (Ubuntu 22.04 LTS) or an image name, family path or self link (letters, digits, '/', '_', '.', ':', '-')."
+    error_message = "images: '' (Debian 12) or an image name, family path or self link (letters, digits, '/', '_', '.', ':', '-')."
   }
 }
 
@@ -90,12 +90,12 @@ variable "ssh_public_key" {
 }
 
 variable "ssh_user" {
-  description = "SSH user on the nodes, created by the guest agent from the ssh-keys metadata; '' means ubuntu."
+  description = "SSH user on the nodes, created by the guest agent from the ssh-keys metadata; '' means debian."
   type        = string
   default     = ""
   validation {
     condition     = var.ssh_user == "" || (can(regex("^[a-z_][a-z0-9_-]{0,31}$", var.ssh_user)) && var.ssh_user != "root")
-    error_message = "ssh_user: '' (ubuntu) or a Unix user name ([a-z_][a-z0-9_-]{0,31}) other than root."
+    error_message = "ssh_user: '' (debian) or a Unix user name ([a-z_][a-z0-9_-]{0,31}) other than root."
   }
 }
 
@@ -142,7 +142,7 @@ variable "prefix" {
 }
 
 variable "max_runtime_minutes" {
-  description = "Hard limit of the run: every node powers off this many minutes after boot (startup script) and Compute Engine deletes it at the same limit (scheduling.max_run_duration, instance_termination_action DELETE)."
+  description = "Hard limit of a run, counted from the start of training. Backstop: every node powers off this many minutes plus a 60-minute configuration allowance after boot (startup script) and Compute Engine deletes it then (scheduling.max_run_duration, instance_termination_action DELETE); tfcluster's tf_node role halts it earlier, at the run's deadline plus a margin."
   type        = number
   validation {
     condition     = var.max_runtime_minutes >= 1 && var.max_runtime_minutes <= 10080 && var.max_runtime_minutes == floor(var.max_runtime_minutes)
@@ -151,14 +151,14 @@ variable "max_runtime_minutes" {
 }
 
 variable "provider_options" {
-  description = "GCP settings (all strings): project (required), zone (us-central1-a), region (derived from zone), network and subnetwork (existing ones; '' = create a network), subnet_cidr (10.20.0.0/24, for a created network), service_account_email (existing one; '' = create one with access to the bucket only), preemptible (false; true = Spot VMs), public_ip (true), disk_size_gb (50), disk_type (pd-balanced), gpu_type (nvidia-tesla-t4)."
+  description = "GCP settings (all strings): project (required), zone (us-central1-a), region (derived from zone), network and subnetwork (existing ones; '' = create a network), subnet_cidr (10.20.0.0/24, for a created network), service_account_email (existing one; '' = create one with access to the bucket only), preemptible (false; true = Spot VMs), public_ip (true; false needs an existing network with Cloud NAT and network_has_nat true), network_has_nat (false), disk_size_gb (50), disk_type (pd-balanced), gpu_type (nvidia-tesla-t4)."
   type        = map(string)
   validation {
     condition = alltrue([for k in keys(var.provider_options) : contains([
       "project", "zone", "region", "network", "subnetwork", "subnet_cidr", "service_account_email",
-      "preemptible", "public_ip", "disk_size_gb", "disk_type", "gpu_type",
+      "preemptible", "public_ip", "network_has_nat", "disk_size_gb", "disk_type", "gpu_type",
     ], k)])
-    error_message = "provider_options: known keys are project, zone, region, network, subnetwork, subnet_cidr, service_account_email, preemptible, public_ip, disk_size_gb, disk_type, gpu_type."
+    error_message = "provider_options: known keys are project, zone, region, network, subnetwork, subnet_cidr, service_account_email, preemptible, public_ip, network_has_nat, disk_size_gb, disk_type, gpu_type."
   }
   validation {
     condition     = can(regex("^[a-z][a-z0-9-]{4,28}[a-z0-9]$", lookup(var.provider_options, "project", "")))
@@ -174,8 +174,12 @@ variable "provider_options" {
     error_message = "provider_options.region: '' (derived from zone) or the region of provider_options.zone (zone us-central1-a is in region us-central1)."
   }
   validation {
-    condition     = alltrue([for k in ["preemptible", "public_ip"] : contains(["true", "false"], lookup(var.provider_options, k, "false"))])
-    error_message = "provider_options.preemptible and provider_options.public_ip: true or false."
+    condition     = alltrue([for k in ["preemptible", "public_ip", "network_has_nat"] : contains(["true", "false"], lookup(var.provider_options, k, "false"))])
+    error_message = "provider_options.preemptible, public_ip and network_has_nat: true or false."
+  }
+  validation {
+    condition     = lookup(var.provider_options, "public_ip", "true") == "true" || (lookup(var.provider_options, "network", "") != "" && lookup(var.provider_options, "network_has_nat", "false") == "true")
+    error_message = "provider_options.public_ip: false only with an existing network that has Cloud NAT (network set, network_has_nat true): without an external address a VM reaches apt and PyPI only through NAT, and a created network has none."
   }
   validation {
     condition     = try(tonumber(lookup(var.provider_options, "disk_size_gb", "50")) >= 10 && tonumber(lookup(var.provider_options, "disk_size_gb", "50")) <= 65536 && tonumber(lookup(var.provider_options, "disk_size_gb", "50")) == floor(tonumber(lookup(var.provider_options, "disk_size_gb", "50"))), false)

@@ -26,12 +26,12 @@ locals {
   subnet_cidr       = lookup(local.opts, "subnet_cidr", "10.20.0.0/24")
   dns_nameservers   = [for s in split(",", lookup(local.opts, "dns_nameservers", "")) : trimspace(s) if trimspace(s) != ""]
   default_flavor    = lookup(local.opts, "flavor", "") == "" ? "m1.large" : lookup(local.opts, "flavor", "")
-  image_regex       = lookup(local.opts, "image_regex", "^(?i)ubuntu[ -]?22\\.04")
+  image_regex       = lookup(local.opts, "image_regex", "^(?i)debian[ -]?12([^0-9]|$)")
   availability_zone = lookup(local.opts, "availability_zone", "") == "" ? null : lookup(local.opts, "availability_zone", "")
   volume_size       = tonumber(lookup(local.opts, "volume_size_gb", "0"))
 
   name     = "tfcluster-${var.cluster_name}"
-  ssh_user = var.ssh_user == "" ? "ubuntu" : var.ssh_user
+  ssh_user = var.ssh_user == "" ? "debian" : var.ssh_user # the default user of Debian cloud images
 
   create_network = lookup(local.opts, "network", "") == ""
   network_id = (local.create_network ? one(openstack_networking_network_v2.cluster[*].id) :
@@ -59,9 +59,9 @@ locals {
   user_data = templatefile("${path.module}/templates/user-data.yaml.tftpl", {
     cluster        = var.cluster_name
     ssh_user       = local.ssh_user
-    create_user    = local.ssh_user != "ubuntu"
+    create_user    = local.ssh_user != "debian"
     ssh_public_key = trimspace(var.ssh_public_key)
-    minutes        = var.max_runtime_minutes
+    minutes        = var.max_runtime_minutes + 60 # backstop: tf_node re-arms the halt from the run's deadline
   })
 
   # The nodes' IPv4 address on the cluster network (the ClusterSpec and SSH use IPv4).

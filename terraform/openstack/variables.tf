@@ -54,7 +54,7 @@ variable "instance_types" {
 }
 
 variable "images" {
-  description = "Glance image per role: an image UUID or an exact image name (the most recent of that name); '' or absent means the most recent image whose name matches provider_options.image_regex (Ubuntu 22.04 by default)."
+  description = "Glance image per role: an image UUID or an exact image name (the most recent of that name); '' or absent means the most recent image whose name matches provider_options.image_regex (Debian 12 by default: the Debian cloud team's generic OpenStack image, debian-12-generic-amd64.qcow2, uploaded to Glance under a name such as 'debian-12' or 'Debian 12 bookworm')."
   type        = map(string)
   default     = {}
   validation {
@@ -63,7 +63,7 @@ variable "images" {
   }
   validation {
     condition     = alltrue([for v in values(var.images) : can(regex("^[^\\n\\r]{0,255}$", v))])
-    error_message = "images: '' (Ubuntu 22.04 LTS lookup) or an image UUID or name on one line, at most 255 characters."
+    error_message = "images: '' (Debian 12 lookup) or an image UUID or name on one line, at most 255 characters."
   }
 }
 
@@ -91,12 +91,12 @@ variable "ssh_public_key" {
 }
 
 variable "ssh_user" {
-  description = "SSH user on the nodes; '' means ubuntu (the default user of Ubuntu cloud images). Another name is created by cloud-init with the run's key and passwordless sudo."
+  description = "SSH user on the nodes; '' means debian (the default user of Debian cloud images). Another name is created by cloud-init with the run's key and passwordless sudo."
   type        = string
   default     = ""
   validation {
     condition     = var.ssh_user == "" || (can(regex("^[a-z_][a-z0-9_-]{0,31}$", var.ssh_user)) && var.ssh_user != "root")
-    error_message = "ssh_user: '' (ubuntu) or a Unix user name ([a-z_][a-z0-9_-]{0,31}) other than root."
+    error_message = "ssh_user: '' (debian) or a Unix user name ([a-z_][a-z0-9_-]{0,31}) other than root."
   }
 }
 
@@ -143,7 +143,7 @@ variable "prefix" {
 }
 
 variable "max_runtime_minutes" {
-  description = "Hard limit of the run: cloud-init schedules `shutdown -h +<minutes>` at first boot. OpenStack has no server-side run limit; a powered-off server keeps its allocation until `make down`."
+  description = "Hard limit of a run, counted from the start of training. Backstop: cloud-init schedules `shutdown -h +<minutes + 60>` at first boot (60 minutes for configuration); tfcluster's tf_node role re-arms it for the run's deadline plus a margin. OpenStack has no server-side run limit; a powered-off server keeps its allocation until `make down`."
   type        = number
   validation {
     condition     = var.max_runtime_minutes >= 1 && var.max_runtime_minutes <= 10080 && var.max_runtime_minutes == floor(var.max_runtime_minutes)
@@ -152,7 +152,7 @@ variable "max_runtime_minutes" {
 }
 
 variable "provider_options" {
-  description = "OpenStack settings (all strings): cloud (clouds.yaml entry; '' = OS_CLOUD / OS_* variables), region, external_network (for the router and floating IPs), network (existing network name; '' = create one routed to external_network), subnet_cidr (10.20.0.0/24), dns_nameservers (comma-separated), floating_ip (true), flavor (m1.large), image_regex (^(?i)ubuntu[ -]?22\\.04), availability_zone, volume_size_gb (0 = the flavor's root disk)."
+  description = "OpenStack settings (all strings): cloud (clouds.yaml entry; '' = OS_CLOUD / OS_* variables), region, external_network (for the router and floating IPs), network (existing network name; '' = create one routed to external_network), subnet_cidr (10.20.0.0/24), dns_nameservers (comma-separated), floating_ip (true), flavor (m1.large), image_regex (^(?i)debian[ -]?12([^0-9]|$)), availability_zone, volume_size_gb (0 = the flavor's root disk)."
   type        = map(string)
   default     = {}
   validation {
@@ -185,7 +185,7 @@ variable "provider_options" {
     error_message = "provider_options.volume_size_gb: 0 (boot from the flavor's root disk) or a whole number of GB up to 65536 (boot from a new volume of that size)."
   }
   validation {
-    condition     = can(regexall(lookup(var.provider_options, "image_regex", "^(?i)ubuntu[ -]?22\\.04"), ""))
+    condition     = can(regexall(lookup(var.provider_options, "image_regex", "^(?i)debian[ -]?12([^0-9]|$)"), ""))
     error_message = "provider_options.image_regex: a regular expression (RE2 syntax) matched against image names."
   }
   validation {

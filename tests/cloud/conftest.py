@@ -17,16 +17,28 @@ import pytest
 MIRROR = Path(os.environ.get("TFCLUSTER_TF_PLUGIN_MIRROR", "/opt/tf-plugins"))
 AWS_PLUGIN = MIRROR / "registry.terraform.io" / "hashicorp" / "aws"
 
-#: a stand-in for Canonical's Ubuntu 22.04 image, so the module's own aws_ami lookup runs against moto
-UBUNTU_AMI = "ami-0a1b2c3d4e5f60718"
-_AMIS = [{
-    "ami_id": UBUNTU_AMI, "state": "available", "public": True, "owner_id": "099720109477",
-    "image_location": "amazon/ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20250101",
-    "sriov": "simple", "root_device_type": "ebs", "root_device_name": "/dev/sda1",
-    "description": "Canonical, Ubuntu, 22.04 LTS, amd64 jammy image", "image_type": "machine", "platform": None,
-    "architecture": "x86_64", "name": "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20250101",
-    "virtualization_type": "hvm", "hypervisor": "xen", "creation_date": "2025-01-01T00:00:00.000Z",
-}]
+#: stand-ins for the Debian cloud team's Debian 12 AMIs (account 136693071363), so the module's own aws_ami
+#: lookup runs against moto; a newer backports image and an Ubuntu image from another owner must not be chosen
+DEBIAN_AMI = "ami-0a1b2c3d4e5f60718"
+DEBIAN_ARM_AMI = "ami-0a1b2c3d4e5f60719"
+
+
+def _ami(ami_id: str, owner: str, name: str, arch: str, created: str) -> dict:
+    return {"ami_id": ami_id, "state": "available", "public": True, "owner_id": owner,
+            "image_location": f"{owner}/{name}", "sriov": "simple", "root_device_type": "ebs",
+            "root_device_name": "/dev/xvda", "description": name, "image_type": "machine", "platform": None,
+            "architecture": arch, "name": name, "virtualization_type": "hvm", "hypervisor": "xen",
+            "creation_date": created}
+
+
+_AMIS = [
+    _ami(DEBIAN_AMI, "136693071363", "debian-12-amd64-20250101-1000", "x86_64", "2025-01-01T00:00:00.000Z"),
+    _ami(DEBIAN_ARM_AMI, "136693071363", "debian-12-arm64-20250101-1000", "arm64", "2025-01-01T00:00:00.000Z"),
+    _ami("ami-0a1b2c3d4e5f60720", "136693071363", "debian-12-backports-amd64-20250301-1100", "x86_64",
+         "2025-03-01T00:00:00.000Z"),
+    _ami("ami-0a1b2c3d4e5f60721", "099720109477", "debian-12-amd64-20250401-1200", "x86_64",
+         "2025-04-01T00:00:00.000Z"),
+]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,6 +7,7 @@ The Terraform tests use the hashicorp/aws provider from the plugin mirror and an
 from __future__ import annotations
 
 import base64
+import fnmatch
 import ipaddress
 import json
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cloud.conftest import AWS_PLUGIN, UBUNTU_AMI
+from tests.cloud.conftest import AWS_PLUGIN, DEBIAN_AMI
 from tests.unit.test_terraform_interface import SHARED_INPUTS
 from tfcluster.config import resolve
 from tfcluster.errors import EXIT_USAGE, ConfigError
@@ -44,6 +45,7 @@ def aws_spec(endpoint: str | None = None, options: dict | None = None, **overrid
     values = {
         "cluster": CLUSTER,
         "provider": "aws",
+        "storage.bucket": "tfct-runs",
         "nodes.ps.count": 1,
         "nodes.worker.count": 2,
         "nodes.chief.count": 1,
@@ -75,7 +77,7 @@ def test_registered_with_shared_inputs_and_lazy_sdk(tmp_path):
 
 def test_region_defaults_to_the_buckets(tmp_path):
     provider = AwsProvider(ClusterState("x", root=tmp_path))
-    spec = resolve(overrides={"provider": "aws", "storage.region": "eu-west-3",
+    spec = resolve(overrides={"provider": "aws", "storage.region": "eu-west-3", "storage.bucket": "tfct-runs",
                               "network.allowed_ssh_cidrs": ["198.51.100.7/32"]})
     provider.check(spec)
     assert provider.provider_options(spec) == {"region": "eu-west-3"}
@@ -113,6 +115,12 @@ def test_check_refuses_unknown_option(tmp_path):
     ({"network.subnet": "10.9.9.0/24"}, "network.subnet", "subnet_id"),
     ({"nodes.worker.image": "ubuntu-22.04"}, "nodes.worker.image", "AMI id"),
     ({"nodes.ps.instance_type": "big"}, "nodes.ps.instance_type", "c6i.xlarge"),
+    # issue 8 item 11: no public address and no NAT = no apt, no PyPI
+    ({"provider_options": {"associate_public_ip": "false"}}, "provider_options.associate_public_ip",
+     "NAT gateway"),
+    ({"provider_options": {"associate_public_ip": "false", "subnet_id": "subnet-01234567"}},
+     "provider_options.subnet_has_nat", "subnet subnet-01234567 routes to the internet through NAT"),
+    ({"provider_options": {"subnet_has_nat": "yes"}}, "provider_options.subnet_has_nat", '"true" or "false"'),
 ])
 def test_check_refuses_what_the_module_cannot_do(tmp_path, overrides, field, fragment):
     with pytest.raises(ConfigError) as err:
@@ -138,9 +146,11 @@ def test_module_refuses_bad_values_before_creating_anything(tmp_path, moto_endpo
     inputs = provider.inputs(aws_spec(moto_endpoint, cluster="tfct-bad"), public_key)
     inputs.update(tf_port=80, allowed_ssh_cidrs=[])
     inputs["provider_options"]["spot"] = "maybe"
+    inputs["provider_options"]["associate_public_ip"] = "false"
     tf.write_root(inputs)
     tf.init()
     out = _plan(tf)
+    assert 'provider_options.associate_public_ip: "false" only with a subnet_id whose route' in out
     assert "tf_port: a whole number from 1024 to 65535." in out
     assert "allowed_ssh_cidrs: at least one network must be listed" in out and "0.0.0.0/0" in out
     assert 'provider_options.spot and provider_options.associate_public_ip: "true" or "false".' in out
@@ -194,7 +204,7 @@ def test_up_inspect_down(tmp_path, moto_endpoint, aws_env, public_key, monkeypat
             assert n.name == f"{CLUSTER}-{n.role}-{n.index}"
             assert ipaddress.ip_address(n.private_ip) in subnet
             assert ipaddress.ip_address(n.public_ip) not in subnet
-            assert (n.ssh_user, n.ssh_port, n.gpus) == ("ubuntu", 22, 0)
+            assert (n.ssh_user, n.ssh_port, n.gpus) == ("admin", 22, 0)  # the Debian AMIs' user
         assert len({n.private_ip for n in nodes}) == 4
 
         # the instances: counts and types per role, tags, image, key, role, spot, shutdown, user data
@@ -211,7 +221,7 @@ def test_up_inspect_down(tmp_path, moto_endpoint, aws_env, public_key, monkeypat
             assert tags["tfcluster:index"] == str(n.index)
             assert inst["InstanceType"] == types[n.role]
             assert inst["PrivateIpAddress"] == n.private_ip
-            assert inst["ImageId"] == UBUNTU_AMI  # found by the module's Ubuntu 22.04 lookup
+            assert inst["ImageId"] == DEBIAN_AMI  # the module's Debian 12 lookup (not backports, not another owner)
             assert inst["KeyName"] == f"tfcluster-{CLUSTER}"
             assert inst["IamInstanceProfile"]["Arn"].endswith(f":instance-profile/{ROLE_NAME}")
             assert inst.get("InstanceLifecycle") == "spot"
@@ -223,7 +233,10 @@ def test_up_inspect_down(tmp_path, moto_endpoint, aws_env, public_key, monkeypat
             data = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
             user_data = base64.b64decode(data["UserData"]["Value"]).decode()
             assert user_data.startswith("#!/bin/sh\n")
-            assert "\nshutdown -h +45 " in user_data
+            assert "\nshutdown -h +105 " in user_data  # max_runtime_minutes 45 + 60 for configuration
+            unit = user_data.split("tfcluster-deadline.service <<'UNIT'\n")[1].split("UNIT\n")[0]
+            assert "WantedBy=multi-user.target" in unit
+            assert "multi-user.target" not in unit.split("[Install]")[0]  # no ordering cycle
             assert SECRET not in user_data and "AWS_SECRET" not in user_data
             root = ec2.describe_volumes(Filters=[{"Name": "attachment.instance-id",
                                                   "Values": [inst["InstanceId"]]}])["Volumes"]
@@ -273,6 +286,13 @@ def test_up_inspect_down(tmp_path, moto_endpoint, aws_env, public_key, monkeypat
                                                "arn:aws:s3:::tfct-bucket/team/runs/*"]
         assert listing["Action"] == "s3:ListBucket" and listing["Resource"] == "arn:aws:s3:::tfct-bucket"
         assert sorted(listing["Condition"]["StringLike"]["s3:prefix"]) == ["datasets/*", "team/runs/*"]
+        # issue 8 item 4: a HEAD of a missing key would be 403 under this role (no unconditional ListBucket);
+        # s3io.exists lists with the key as prefix instead, which this condition admits for the keys the
+        # chief looks for (the run's _SUCCESS, the dataset's files), and nothing outside them
+        prefixes = listing["Condition"]["StringLike"]["s3:prefix"]
+        for key in ("team/runs/tfct-aws/20260101-abcd/_SUCCESS", "datasets/digits/train.npz"):
+            assert any(fnmatch.fnmatchcase(key, p) for p in prefixes), key
+        assert not any(fnmatch.fnmatchcase("other/runs/x/_SUCCESS", p) for p in prefixes)
         profile = iam.get_instance_profile(InstanceProfileName=ROLE_NAME)["InstanceProfile"]
         assert [r["RoleName"] for r in profile["Roles"]] == [ROLE_NAME]
 
@@ -309,7 +329,7 @@ def test_leftovers_names_what_is_still_there(tmp_path, moto_endpoint, aws_env):
     assert provider.leftovers() == []  # no root written: nothing was ever created
     provider.module().write_root(provider.inputs(aws_spec(moto_endpoint, cluster="tfct-left"), "ssh-ed25519 AAAA x"))
     assert provider.leftovers() == []
-    inst = ec2.run_instances(ImageId=UBUNTU_AMI, MinCount=1, MaxCount=1, TagSpecifications=[{
+    inst = ec2.run_instances(ImageId=DEBIAN_AMI, MinCount=1, MaxCount=1, TagSpecifications=[{
         "ResourceType": "instance", "Tags": [{"Key": "tfcluster:cluster", "Value": "tfct-left"}]}])["Instances"][0]
     try:
         assert provider.leftovers() == [f"instance {inst['InstanceId']} (running)"]

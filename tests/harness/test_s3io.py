@@ -96,3 +96,108 @@ def test_upload_download_exists_list(s3_client, tmp_path):
     assert out.read_bytes() == b"x" * 1000 and not list((tmp_path / "d").glob(".*"))
     with pytest.raises(s3io.TransferError, match="s3://iobucket/p/none"):
         s3io.download_file(s3_client, "iobucket", "p/none", tmp_path / "d" / "none")
+
+
+# -- issue 8 item 4: "already published?" must not HEAD (403 for a missing key under a prefix-scoped role)
+def test_exists_lists_with_the_key_as_prefix_and_never_heads():
+    from botocore.stub import Stubber
+
+    client = _offline_client()
+    stub = Stubber(client)
+    # a longer key under the same prefix is no proof that the key itself exists
+    stub.add_response("list_objects_v2", {"Contents": [{"Key": "runs/r/_SUCCESS.tmp"}], "KeyCount": 1},
+                      {"Bucket": "b", "Prefix": "runs/r/_SUCCESS", "MaxKeys": 1})
+    stub.add_response("list_objects_v2", {"Contents": [{"Key": "runs/r/_SUCCESS"}], "KeyCount": 1},
+                      {"Bucket": "b", "Prefix": "runs/r/_SUCCESS", "MaxKeys": 1})
+    stub.add_response("list_objects_v2", {"KeyCount": 0},
+                      {"Bucket": "b", "Prefix": "runs/r/_SUCCESS", "MaxKeys": 1})
+    with stub:
+        assert s3io.exists(client, "b", "runs/r/_SUCCESS") is False
+        assert s3io.exists(client, "b", "runs/r/_SUCCESS") is True
+        assert s3io.exists(client, "b", "runs/r/_SUCCESS") is False
+        stub.assert_no_pending_responses()
+
+
+def _offline_client(endpoint: str | None = None):
+    import boto3
+
+    return boto3.session.Session().client(
+        "s3", region_name="us-east-1", endpoint_url=endpoint, aws_access_key_id="AKIDEXAMPLE",
+        aws_secret_access_key="secret")
+
+
+# -- item 5: stores without multi-object delete, and checksum headers off AWS
+def test_delete_falls_back_to_one_key_at_a_time_when_multi_delete_is_refused():
+    from botocore.stub import Stubber
+
+    client = _offline_client("http://127.0.0.1:9")
+    stub = Stubber(client)
+    stub.add_client_error("delete_objects", "NotImplemented", "POST ?delete is not implemented", 501)
+    for key in ("c/ckpt-100.index", "c/ckpt-100.data"):
+        stub.add_response("delete_object", {}, {"Bucket": "b", "Key": key})
+    with stub:
+        s3io.delete_keys(client, "b", ["c/ckpt-100.index", "c/ckpt-100.data"], sleep=lambda s: None, log=None)
+        stub.assert_no_pending_responses()
+
+
+def test_delete_of_other_client_errors_is_not_turned_into_per_key_deletes():
+    from botocore.stub import Stubber
+
+    client = _offline_client("http://127.0.0.1:9")
+    stub = Stubber(client)
+    stub.add_client_error("delete_objects", "AccessDenied", "no", 403)
+    with stub, pytest.raises(s3io.TransferError, match="AccessDenied"):
+        s3io.delete_keys(client, "b", ["c/x"], sleep=lambda s: None, log=None)
+
+
+def test_delete_reports_keys_a_multi_delete_did_not_remove():
+    from botocore.stub import Stubber
+
+    client = _offline_client("http://127.0.0.1:9")
+    stub = Stubber(client)
+    stub.add_response("delete_objects", {"Errors": [{"Key": "c/x", "Code": "AccessDenied", "Message": "no"}]})
+    with stub, pytest.raises(s3io.TransferError, match="c/x: AccessDenied"):
+        s3io.delete_keys(client, "b", ["c/x"], sleep=lambda s: None, log=None)
+
+
+def test_gcs_endpoint_deletes_per_key_from_the_start():
+    from botocore.stub import Stubber
+
+    client = _offline_client("https://storage.googleapis.com")
+    stub = Stubber(client)
+    stub.add_response("delete_object", {}, {"Bucket": "b", "Key": "c/x"})
+    with stub:
+        s3io.delete_keys(client, "b", ["c/x"])
+        stub.assert_no_pending_responses()
+
+
+def test_checksums_only_when_required_off_aws(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    gcs = s3io.make_client("https://storage.googleapis.com", "us-east-1").meta.config
+    assert gcs.request_checksum_calculation == "when_required"
+    assert gcs.response_checksum_validation == "when_required"
+    aws = s3io.make_client(None, "us-east-1").meta.config
+    assert aws.request_checksum_calculation == "when_supported"
+
+
+def test_upload_sends_no_checksum_header_to_an_s3_compatible_store(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    sent = []
+    for endpoint in ("https://storage.googleapis.com", None):
+        client = s3io.make_client(endpoint, "us-east-1")
+
+        def capture(request, **_):
+            sent.append(sorted(h.lower() for h in request.headers.keys()))
+            raise RuntimeError("stop before sending")
+
+        client.meta.events.register("before-send.s3.PutObject", capture)
+        with pytest.raises(RuntimeError):
+            client.put_object(Bucket="b", Key="k", Body=b"data")
+    gcs_headers, aws_headers = sent
+    def checksum(headers):
+        return [h for h in headers if "checksum" in h or h == "x-amz-trailer"]
+
+    assert checksum(gcs_headers) == []
+    assert "x-amz-sdk-checksum-algorithm" in checksum(aws_headers)  # the test sees such headers at all

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tarfile
 
 import pytest
 import requests
+import yaml
 from radl.radl_parse import parse_radl
 
 from tests.conftest import PYTHON, REPO, run_cli
@@ -26,7 +28,7 @@ def spec_for(ps=1, workers=1, chief=1, gpus=(0, 0, 0), **extra):
     values = {"cluster": "tfct-im", "provider": "im", "provider_options": options,
               "nodes.ps.count": ps, "nodes.worker.count": workers, "nodes.chief.count": chief,
               "nodes.ps.gpus": gpus[0], "nodes.worker.gpus": gpus[1], "nodes.chief.gpus": gpus[2],
-              "network.allowed_ssh_cidrs": ["203.0.113.0/24"]}
+              "network.allowed_ssh_cidrs": ["203.0.113.0/24"], "storage.bucket": "my-team-runs"}
     values.update(extra)
     return resolve(values)
 
@@ -63,10 +65,11 @@ def test_cluster_shapes_parse_and_check(shape, gpus):
     assert public.getValue("outports") == "203.0.113.0/24-22/tcp-22/tcp"
     # tfcluster's own mode: IM only provides nodes
     assert parsed.contextualize.items == {}
-    # configure sections only apply the project's roles
-    for role in ("ps", "worker", "chief"):
+    # configure sections only apply the project's roles (gpu_driver on GPU roles)
+    for role, n_gpus in zip(("ps", "worker", "chief"), gpus, strict=True):
         recipe = parsed.get_configure_by_name(role).recipes
-        assert re.findall(r"- role: (\S+)", recipe) == ["common", "tensorflow", "tf_node"]
+        expected = ["common", "gpu_driver", "tensorflow", "tf_node"] if n_gpus else ["common", "tensorflow", "tf_node"]
+        assert re.findall(r"- role: (\S+)", recipe) == expected
         assert "tasks:" not in recipe
         assert f"tf_role: {role}" in recipe
 
@@ -217,6 +220,7 @@ def test_adopt_local_needs_a_deployednode_line(tmp_path, no_im_calls):
 def test_cli_up_refuses_a_bad_value_with_exit_2(home, tmp_path, auth_file):
     cfg = tmp_path / "bad.yml"
     cfg.write_text(f"cluster: tfct-im\nprovider: im\nnetwork: {{allowed_ssh_cidrs: ['203.0.113.0/24']}}\n"
+                   "storage: {bucket: my-team-runs}\n"
                    f"provider_options: {{im_url: 'http://127.0.0.1:9', auth_file: '{auth_file}', "
                    f"image_url: '{IMAGE}', worker_memory: 'much'}}\n")
     res = run_cli("up", "--config", str(cfg), home=home)
@@ -269,6 +273,7 @@ def test_operator_render_for_im_client(tmp_path):
     """python -m tfcluster.radl_render prints a document IM configures by itself (no keys in it)."""
     cfg = tmp_path / "cluster.yml"
     cfg.write_text(f"cluster: tfct-im\nprovider: im\nnetwork: {{allowed_ssh_cidrs: ['198.51.100.7/32']}}\n"
+                   "storage: {bucket: my-team-runs}\n"
                    f"provider_options: {{image_url: '{IMAGE}', wheelhouse_url: 'https://example.org/w/'}}\n")
     res = subprocess.run([PYTHON, "-m", "tfcluster.radl_render", "--config", str(cfg)], cwd=REPO,
                          capture_output=True, text=True)
@@ -284,3 +289,93 @@ def test_cloud_nodes_without_ssh_sources_are_refused_not_opened():
     with pytest.raises(ConfigError) as err:
         radl_render.render(spec)
     assert err.value.field == "network.allowed_ssh_cidrs" and "no open default" in str(err.value)
+
+
+# -- issue 8 item 8: what IM's own contextualization needs from the configure sections ------------------
+
+INVENTORY_VARS = {"tf_role", "tf_index", "tf_port", "tf_cluster_spec", "tf_node_count", "tf_gpus"}
+
+
+def _recipe(parsed, role: str) -> dict:
+    (play,) = yaml.safe_load(parsed.get_configure_by_name(role).recipes)
+    return play
+
+
+def test_configure_sections_set_only_variables_their_roles_declare_and_what_they_assert():
+    parsed = parse_radl(radl_render.render(spec_for(gpus=(0, 2, 0)), contextualize="im"))
+    for role in ("ps", "worker", "chief"):
+        play = _recipe(parsed, role)
+        applied = [r["role"] for r in play["roles"]]
+        declared = set(INVENTORY_VARS)
+        for name in applied:
+            specs = yaml.safe_load((REPO / "roles" / name / "meta" / "argument_specs.yml").read_text())
+            declared |= set(specs["argument_specs"]["main"]["options"])
+        assert set(play["vars"]) <= declared, set(play["vars"]) - declared
+        v = play["vars"]
+        # tf_node asserts a non-empty bundle and bundle id; the id is the one tfcluster builds for the run
+        assert v["tf_node_bundle"] == "harness.tar.gz"
+        assert v["tf_node_bundle_id"] == radl_render.bundle_id(spec_for()) and len(v["tf_node_bundle_id"]) == 16
+        # no wheelhouse URL: the tensorflow role installs from the node's package index
+        assert (v["tensorflow_source"], v["tensorflow_wheelhouse_url"]) == ("index", "")
+        assert v["tf_gpus"] == (2 if role == "worker" else 0)
+        assert ("gpu_driver" in applied) is (role == "worker")
+        assert applied.index("common") < applied.index("tensorflow") < applied.index("tf_node")
+
+
+def test_a_wheelhouse_url_selects_the_wheelhouse_source_and_gpu_driver_is_served_with_the_roles():
+    spec = spec_for(gpus=(0, 1, 0), options={"wheelhouse_url": "https://example.org/w/",
+                                            "roles_url": "https://example.org/roles"})
+    parsed = parse_radl(radl_render.render(spec, contextualize="im"))
+    v = _recipe(parsed, "ps")["vars"]
+    assert (v["tensorflow_source"], v["tensorflow_wheelhouse_url"]) == ("wheelhouse", "https://example.org/w")
+    assert "ansible.roles.https://example.org/roles/gpu_driver.tar.gz|gpu_driver" in str(
+        parsed.get_system_by_name("worker"))
+
+
+def test_bundle_out_writes_the_bundle_the_radl_names(tmp_path):
+    cfg = tmp_path / "cluster.yml"
+    cfg.write_text(f"cluster: tfct-im\nprovider: im\nnetwork: {{allowed_ssh_cidrs: ['198.51.100.7/32']}}\n"
+                   "storage: {bucket: my-team-runs}\n"
+                   f"provider_options: {{image_url: '{IMAGE}'}}\n")
+    res = subprocess.run([PYTHON, "-m", "tfcluster.radl_render", "--config", str(cfg), "--bundle-out",
+                          str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    bundle_id = _recipe(parse_radl(res.stdout), "ps")["vars"]["tf_node_bundle_id"]
+
+    with tarfile.open(tmp_path / "b" / "harness.tar.gz") as tar:
+        assert f".bundle-{bundle_id}" in tar.getnames()
+    assert "wheelhouse_url is empty" in res.stderr  # the note says what the empty value means
+
+
+# -- item 7: IM's OpenStack connector defaults to Keystone v2.0, gone since Queens ---------------------
+
+@pytest.mark.parametrize(("line", "refused"), [
+    ("id = site; type = OpenStack; host = https://k.example.org:5000; username = u; password = SECRETPASS; "
+     "tenant = t", True),
+    ("id = site; type = OpenStack; host = https://k.example.org:5000; username = u; password = SECRETPASS; "
+     "tenant = t; auth_version = 2.0_password", True),
+    ("id = site; type = OpenStack; host = https://k.example.org:5000; username = u; password = SECRETPASS; "
+     "tenant = t; domain = Default; auth_version = 3.x_password", False),
+    ("# id = old; type = OpenStack; username = u; password = SECRETPASS", False),
+])
+def test_openstack_auth_lines_need_keystone_v3(tmp_path, no_im_calls, line, refused):
+    auth = tmp_path / "auth.dat"
+    auth.write_text("id = im; type = InfrastructureManager; username = u; password = SECRETPASS\n" + line + "\n")
+    spec = spec_for(options={"auth_file": str(auth)})
+    provider = ImProvider(ClusterState("tfct-im", root=tmp_path))
+    if not refused:
+        provider.check(spec)
+        return
+    with pytest.raises(ConfigError) as err:
+        provider.check(spec)
+    assert err.value.field == "provider_options.auth_file" and "auth_version = 3.x_password" in err.value.allowed
+    assert "line id site" in err.value.allowed and "SECRETPASS" not in str(err.value)
+
+
+def test_readme_auth_example_passes_the_check(tmp_path, no_im_calls):
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("The auth file is IM's own format, one credential per line:\n```\n")[1].split("```")[0]
+    assert "auth_version = 3.x_password" in block and "domain = " in block
+    auth = tmp_path / "auth.dat"
+    auth.write_text(block)
+    ImProvider(ClusterState("tfct-im", root=tmp_path)).check(spec_for(options={"auth_file": str(auth)}))

@@ -153,10 +153,14 @@ def test_gcp_instances_carry_the_tag_the_key_the_identity_and_the_run_limit():
     assert "var.ssh_public_key" in meta["ssh-keys"] and "local.ssh_user" in meta["ssh-keys"]
     assert meta["block-project-ssh-keys"] == "true"
     assert meta["startup-script"] == "${local.startup_script}"
-    assert "shutdown -h +${var.max_runtime_minutes}" in local("gcp", "startup_script")
+    # a backstop from boot: max_runtime_minutes plus the configuration allowance (tf_node re-arms the halt
+    # from the run's deadline); Compute Engine deletes the VM no earlier than that
+    assert "shutdown -h +${local.halt_after_minutes}" in local("gcp", "startup_script")
+    assert local("gcp", "halt_after_minutes") == "${var.max_runtime_minutes + local.configure_allowance_minutes}"
+    assert local("gcp", "configure_allowance_minutes") >= 30
     (sched,) = node["scheduling"]
     assert sched["instance_termination_action"] == "DELETE"
-    assert sched["max_run_duration"] == [{"seconds": "${var.max_runtime_minutes * 60}"}]
+    assert sched["max_run_duration"] == [{"seconds": "${local.halt_after_minutes * 60}"}]
     (sa,) = node["service_account"]
     assert sa["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_write"]
     (gpu,) = node["dynamic"][0].values()
@@ -216,7 +220,36 @@ def test_openstack_creates_no_credentials_and_limits_the_run():
     template = (MODULES["openstack"] / "templates" / "user-data.yaml.tftpl").read_text()
     assert template.startswith("#cloud-config\n")
     assert '[shutdown, -h, "+${minutes}"' in template
-    assert "minutes        = var.max_runtime_minutes" in (MODULES["openstack"] / "main.tf").read_text()
+    assert "minutes        = var.max_runtime_minutes + 60 " in (MODULES["openstack"] / "main.tf").read_text()
+
+
+# --- default images: Debian 12 (Python 3.11) everywhere, and their users ---------------------------
+
+def test_default_images_are_debian_12_with_their_users():
+    images = [named["debian"] for block in module_config("gcp")["data"]
+              for dtype, named in block.items() if dtype == "google_compute_image"]
+    assert [(i["family"], i["project"]) for i in images] == [("debian-12", "debian-cloud")]
+    assert local("gcp", "ssh_user") == '${var.ssh_user == "" ? "debian" : var.ssh_user}'
+    assert "data.google_compute_image.debian" in local("gcp", "image")
+    assert local("openstack", "ssh_user") == '${var.ssh_user == "" ? "debian" : var.ssh_user}'
+    assert 'create_user    = local.ssh_user != "debian"' in (MODULES["openstack"] / "main.tf").read_text()
+
+
+OPENSTACK_IMAGES = {"debian-12-genericcloud-amd64": True, "Debian 12 bookworm": True, "debian12": True,
+                    "debian-12": True, "debian-120": False, "Debian 11 bullseye": False, "ubuntu-22.04": False}
+
+
+@pytest.mark.skipif(not Path(TERRAFORM_BIN).exists() and not shutil.which(TERRAFORM_BIN), reason="no terraform")
+def test_openstack_default_image_regex_finds_debian_12_only(tmp_path):
+    """Evaluated by Terraform itself (RE2, as the image lookup's name_regex is by the provider's Go code)."""
+    pattern = re.search(r'lookup\(local.opts, "image_regex", "([^"]+)"\)',
+                        (MODULES["openstack"] / "main.tf").read_text()).group(1)
+    names = json.dumps(list(OPENSTACK_IMAGES))
+    expr = f'jsonencode([for n in {names} : length(regexall("{pattern}", n)) > 0])\n'
+    res = subprocess.run([TERRAFORM_BIN, "console"], input=expr, capture_output=True, text=True, cwd=tmp_path,
+                         env=terraform_env(tmp_path), timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(json.loads(res.stdout)) == list(OPENSTACK_IMAGES.values())
 
 
 # --- input validations, evaluated by Terraform on variables.tf alone -------------------------------
@@ -240,6 +273,9 @@ BAD = [
      "provider_options.region"),
     ("gcp", "provider_options", {"project": "my-project-123", "subnetwork": "s"}, "needs provider_options.network"),
     ("gcp", "gpus", {"worker": 3}, "0, 1, 2, 4, 8 or 16"),
+    ("gcp", "provider_options", {"project": "my-project-123", "public_ip": "false"}, "only through NAT"),
+    ("gcp", "provider_options", {"project": "my-project-123", "public_ip": "false", "network": "n"},
+     "network_has_nat true"),
     ("gcp", "ssh_user", "root", "other than root"),
     ("openstack", "allowed_ssh_cidrs", [], "at least one CIDR"),
     ("openstack", "provider_options", {}, "provider_options.external_network: required"),

@@ -26,7 +26,8 @@ CLASSES = {"gcp": GcpProvider, "openstack": OpenstackProvider}
 
 
 def spec_for(name: str, **overrides):
-    values = {"provider": name, "network.allowed_ssh_cidrs": SSH, **GOOD[name], **overrides}
+    values = {"provider": name, "network.allowed_ssh_cidrs": SSH, "storage.bucket": "my-team-runs", **GOOD[name],
+              **overrides}
     return resolve(overrides=values)
 
 
@@ -80,6 +81,19 @@ def test_gcp_missing_project_refused(tmp_path):
 ])
 def test_gcp_bad_option_values_refused(tmp_path, options, field):
     assert refused("gcp", tmp_path, provider_options={"project": "my-project-123", **options}).field == field
+
+
+@pytest.mark.parametrize(("options", "field", "fragment"), [
+    ({"public_ip": "false"}, "provider_options.public_ip", "Cloud NAT"),
+    ({"public_ip": "false", "network": "shared"}, "provider_options.network_has_nat", "network shared has Cloud NAT"),
+    ({"public_ip": "false", "network": "shared", "network_has_nat": "yes"}, "provider_options.network_has_nat",
+     "true or false"),
+])
+def test_gcp_nodes_without_external_addresses_need_nat(tmp_path, options, field, fragment):
+    err = refused("gcp", tmp_path, provider_options={"project": "my-project-123", **options})
+    assert (err.field, err.exit_code) == (field, 2) and fragment in err.allowed
+    provider("gcp", tmp_path).check(spec_for("gcp", provider_options={
+        "project": "my-project-123", "public_ip": "false", "network": "shared", "network_has_nat": "true"}))
 
 
 def test_gcp_storage_endpoint_must_be_named(tmp_path):

@@ -12,6 +12,7 @@ import re
 
 from ..config import ROLES, RunSpec
 from ..errors import ConfigError
+from ..tfsupport import DefaultImage
 from .base import TerraformProvider, register
 
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
@@ -62,6 +63,7 @@ _OPTION_CHECKS = {
     "vpc_cidr": _vpc_cidr,
     "availability_zone": _match(_AZ_RE, "an availability zone name such as us-east-1a"),
     "associate_public_ip": _bool,
+    "subnet_has_nat": _bool,
     "spot": _bool,
     "root_volume_gb": _root_volume,
     "endpoint": _match(_ENDPOINT_RE, "an http(s)://host[:port] URL of an AWS API emulator (tests only)"),
@@ -72,6 +74,8 @@ _OPTION_CHECKS = {
 class AwsProvider(TerraformProvider):
     name = "aws"
     requires_ssh_cidrs = True
+    halts_vm = True
+    default_image = DefaultImage("Debian 12 (official AMI of account 136693071363, amd64 or arm64)", "3.11", "admin")
     options = {
         "region": "AWS region of the nodes (default: storage.region)",
         "vpc_id": "an existing VPC; needs subnet_id (only checked against the subnet's VPC)",
@@ -81,6 +85,8 @@ class AwsProvider(TerraformProvider):
         "availability_zone": "zone of the created subnet (default: the first zone offering every instance type)",
         "associate_public_ip": '"true"/"false": public addresses for SSH from the controller (default: a '
                                "created subnet gives them, a given subnet keeps its own setting)",
+        "subnet_has_nat": '"true": the given subnet routes instances without public addresses to the internet '
+                          "(a NAT gateway or instance); required with associate_public_ip false",
         "spot": '"true"/"false": one-time spot instances that terminate on interruption (default "false")',
         "root_volume_gb": "root volume size in GiB, 8-16384 (default 50; gp3, encrypted)",
         "endpoint": "URL of an AWS API emulator (moto) for ec2, iam, sts and s3; tests only",
@@ -105,6 +111,18 @@ class AwsProvider(TerraformProvider):
                 if key in opts:
                     raise ConfigError(f"provider_options.{key}", opts[key],
                                       "nothing when provider_options.subnet_id is given (the subnet decides)")
+        if opts.get("associate_public_ip") == "false":
+            reason = ("without a public address an instance reaches apt and PyPI only through a NAT gateway, "
+                      "which the created network does not have")
+            if not opts.get("subnet_id"):
+                raise ConfigError("provider_options.associate_public_ip", "false",
+                                  '"true" or unset, or "false" with a provider_options.subnet_id that has NAT '
+                                  f"({reason})")
+            if opts.get("subnet_has_nat") != "true":
+                raise ConfigError("provider_options.subnet_has_nat", opts.get("subnet_has_nat", ""),
+                                  '"true" with associate_public_ip "false": state that subnet '
+                                  f'{opts["subnet_id"]} routes to the internet through NAT (without it the nodes '
+                                  "cannot install packages; the controller must also reach their private addresses)")
         if spec.get("network.subnet") != "auto":
             raise ConfigError("network.subnet", spec.get("network.subnet"),
                               f"'auto' on aws ({self.unsupported['network.subnet']})")
@@ -116,7 +134,7 @@ class AwsProvider(TerraformProvider):
             image = spec.get(f"nodes.{role}.image")
             if image and not _AMI_RE.fullmatch(image):
                 raise ConfigError(f"nodes.{role}.image", image,
-                                  "'' (Ubuntu 22.04 LTS) or an AMI id such as ami-0123456789abcdef0")
+                                  "'' (Debian 12, the official AMI) or an AMI id such as ami-0123456789abcdef0")
 
     def provider_options(self, spec: RunSpec) -> dict[str, str]:
         """The user's options as strings for the module; the region defaults to the bucket's."""

@@ -12,6 +12,11 @@ from ..config import ROLES, RunSpec
 from ..errors import ConfigError, ProvisionError
 from ..paths import TERRAFORM_DIR, ClusterState
 from ..terraform import TerraformModule
+from ..tfsupport import DefaultImage, check_default_image
+
+#: minutes a cloud VM outlives the run's deadline before it halts itself: the supervisors end their tasks
+#: at the deadline and the chief writes its final checkpoint first (see Provider.vm_halt_minutes)
+VM_HALT_MARGIN_MINUTES = 10
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,11 @@ class Provider(ABC):
     options: ClassVar[dict[str, str]] = {}
     #: what `down` proved gone, in the words of this provider
     gone: ClassVar[str] = "no node or cloud resource of it remains"
+    #: the image of nodes whose nodes.<role>.image is '' (None: no default image; its Python is unknown here)
+    default_image: ClassVar[DefaultImage | None] = None
+    #: the nodes are VMs of their own that may halt themselves (never true of local nodes: they share the
+    #: host's kernel, and `shutdown` there would halt the controller's machine)
+    halts_vm: ClassVar[bool] = False
 
     def __init__(self, state: ClusterState):
         self.state = state
@@ -77,6 +87,16 @@ class Provider(ABC):
             if spec.count(role) and spec.get(f"nodes.{role}.gpus") and "gpus" in self.unsupported:
                 raise ConfigError(f"nodes.{role}.gpus", spec.get(f"nodes.{role}.gpus"),
                                   f"0 ({self.unsupported['gpus']})")
+
+    def vm_halt_minutes(self, spec: RunSpec) -> int:
+        """Minutes from the start of training after which each node halts its VM; 0 = never.
+
+        The run's deadline (the supervisors' ``--deadline``) is ``max_runtime_minutes`` after training starts:
+        the VM halts :data:`VM_HALT_MARGIN_MINUTES` later, so the chief's final checkpoint is written first.
+        The controller passes it to tf_node's start tasks (``tf_node_vm_halt_minutes``), which arm
+        ``shutdown -h +N`` then, replacing the boot-time backstop of the cloud modules.
+        """
+        return spec.get("max_runtime_minutes") + VM_HALT_MARGIN_MINUTES if self.halts_vm else 0
 
     @abstractmethod
     def up(self, spec: RunSpec, public_key: str) -> list[Node]:
@@ -115,6 +135,8 @@ class TerraformProvider(Provider):
             raise ConfigError("network.allowed_ssh_cidrs", cidrs,
                               f"at least one network that may reach SSH, e.g. ['203.0.113.0/24'] ({self.name} has "
                               "no open default; SSH is open to the internet only if 0.0.0.0/0 or ::/0 is listed)")
+        if self.default_image:
+            check_default_image(spec, self.name, self.default_image)
 
     def module(self) -> TerraformModule:
         return TerraformModule(TERRAFORM_DIR / self.name, self.state.terraform_dir)

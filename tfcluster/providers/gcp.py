@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from ..config import ROLES, RunSpec
 from ..errors import ConfigError
+from ..tfsupport import DefaultImage
 from .base import TerraformProvider, register
 
 #: machine-type families that come with their own GPUs (no guest accelerators attached)
@@ -55,6 +56,7 @@ _CHECKS: dict[str, tuple[Callable[[str], bool], str]] = {
                               "'' (create one) or a service account e-mail ending in .gserviceaccount.com"),
     "preemptible": (lambda v: v in ("true", "false"), "true or false"),
     "public_ip": (lambda v: v in ("true", "false"), "true or false"),
+    "network_has_nat": (lambda v: v in ("true", "false"), "true or false"),
     "disk_size_gb": (_whole(10, 65536), "a whole number of GB from 10 to 65536"),
     "disk_type": (lambda v: v in _DISK_TYPES, "one of " + ", ".join(_DISK_TYPES)),
     "gpu_type": (lambda v: bool(_GPU_TYPE_RE.fullmatch(v)), "an accelerator type such as nvidia-tesla-t4 or nvidia-l4"),
@@ -80,6 +82,8 @@ class GcpProvider(TerraformProvider):
 
     name = "gcp"
     requires_ssh_cidrs = True
+    halts_vm = True
+    default_image = DefaultImage("Debian 12 (image family debian-cloud/debian-12)", "3.11", "debian")
     unsupported = {"ipv6": "the VMs get IPv4 addresses only, so SSH sources must be IPv4 CIDR blocks"}
     options = {
         "project": "GCP project id (required)",
@@ -91,7 +95,9 @@ class GcpProvider(TerraformProvider):
         "service_account_email": "existing service account for the VMs ('' = create one with object access "
                                  "to the bucket only; an existing one is granted nothing)",
         "preemptible": "true = Spot VMs (default false)",
-        "public_ip": "an ephemeral external address per VM (default true)",
+        "public_ip": "an ephemeral external address per VM (default true); false needs network and network_has_nat",
+        "network_has_nat": '"true": the given network routes VMs without external addresses to the internet '
+                           "(Cloud NAT in the zone's region); required with public_ip false",
         "disk_size_gb": "boot disk size in GB (default 50)",
         "disk_type": "boot disk type (default pd-balanced)",
         "gpu_type": "accelerator type attached to N1 machine types (default nvidia-tesla-t4)",
@@ -114,6 +120,8 @@ class GcpProvider(TerraformProvider):
         if opts.get("subnetwork") and not opts.get("network"):
             raise ConfigError("provider_options.subnetwork", opts["subnetwork"],
                               "a subnetwork together with provider_options.network (the firewall attaches to it)")
+        if opts.get("public_ip") == "false":
+            self._check_private_nodes(opts)
         require_ssh_sources(spec, self.name, ipv4_only=True)
         if spec.get("storage.endpoint") == "auto":  # 'auto' means AWS S3 off the local provider
             raise ConfigError("storage.endpoint", "auto",
@@ -122,6 +130,20 @@ class GcpProvider(TerraformProvider):
         for role in ROLES:
             if spec.count(role):
                 self._check_gpus(spec, role)
+
+    @staticmethod
+    def _check_private_nodes(opts: dict[str, str]) -> None:
+        """public_ip false: the nodes must still reach apt and PyPI (configuration installs from both)."""
+        reason = ("without an external address a VM reaches apt and PyPI only through Cloud NAT (Private Google "
+                  "Access reaches Cloud Storage only), and the created network has none")
+        if not opts.get("network"):
+            raise ConfigError("provider_options.public_ip", "false",
+                              f"true, or false with an existing provider_options.network that has Cloud NAT ({reason})")
+        if opts.get("network_has_nat") != "true":
+            raise ConfigError("provider_options.network_has_nat", opts.get("network_has_nat", ""),
+                              '"true" with public_ip false: state that network ' + opts["network"] + " has Cloud NAT "
+                              "in the zone's region (without it the nodes cannot install packages; the controller "
+                              "must also reach their internal addresses)")
 
     @staticmethod
     def _check_gpus(spec: RunSpec, role: str) -> None:

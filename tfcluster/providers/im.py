@@ -33,7 +33,7 @@ from .. import radl_render
 from ..config import ROLES, RunSpec
 from ..errors import ConfigError, ProvisionError, TfclusterError
 from ..paths import ClusterState
-from .base import Node, Provider, register
+from .base import VM_HALT_MARGIN_MINUTES, Node, Provider, register
 from .local import LocalProvider
 
 DEFAULT_TIMEOUT = 900
@@ -84,6 +84,20 @@ def auth_ids(path: Path, kind: str) -> list[str]:
         if m:
             ids.append(m.group(1))
     return ids
+
+
+def keystone_v2_ids(path: Path) -> list[str]:
+    """Ids of OpenStack lines that would authenticate with Keystone v2.0 (IM's default when a line names no
+    ``auth_version``), which Keystone removed in Queens. Only the auth_version key is read, no secret."""
+    bad = []
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("#") or not re.search(r"(?:^|;)\s*type\s*=\s*['\"]?OpenStack\b", line):
+            continue
+        m = re.search(r"(?:^|;)\s*auth_version\s*=\s*['\"]?([A-Za-z0-9_.]+)", line)
+        if not m or m.group(1).lower().startswith("2"):
+            ident = re.search(r"(?:^|;)\s*id\s*=\s*['\"]?([A-Za-z0-9_.-]+)", line)
+            bad.append(ident.group(1) if ident else "(no id)")
+    return bad
 
 
 def auth_header(path: Path) -> str:
@@ -272,6 +286,13 @@ class ImProvider(Provider):
         if "InfrastructureManager" not in types:
             raise ConfigError("provider_options.auth_file", str(path),
                               "an auth file with a 'type = InfrastructureManager' line (IM's own credentials)")
+        v2 = keystone_v2_ids(path)
+        if v2:
+            raise ConfigError("provider_options.auth_file", str(path),
+                              f"OpenStack lines with auth_version = 3.x_password and a domain (line id {v2[0]} names "
+                              "none or 2.0: IM then speaks Keystone v2.0, which Keystone removed in Queens), e.g. "
+                              "'id = site; type = OpenStack; host = https://keystone.example.org:5000; username = U; "
+                              "password = P; tenant = PROJECT; domain = Default; auth_version = 3.x_password'")
         if s["adopt_local"]:
             if "DeployedNode" not in types:
                 raise ConfigError("provider_options.auth_file", str(path),
@@ -493,7 +514,16 @@ class ImProvider(Provider):
     def wheelhouse_host(self, spec: RunSpec) -> str | None:
         if _truthy("provider_options.adopt_local", spec.get("provider_options").get("adopt_local", "")):
             return LocalProvider(self.state).wheelhouse_host(_local_spec(spec))
-        return None  # cloud nodes get the wheelhouse copied by Ansible
+        # Cloud nodes have a route to a package index: offline_nodes() is False, so tfcluster gives the
+        # tensorflow role tensorflow_source "index" and prepares no wheelhouse at all (the image's Python
+        # may differ from the controller's, for which the wheelhouse would be downloaded).
+        return None
+
+    def vm_halt_minutes(self, spec: RunSpec) -> int:
+        """Cloud VMs halt after the run's deadline plus the margin; adopted local nodes never (shared kernel)."""
+        if _truthy("provider_options.adopt_local", spec.get("provider_options").get("adopt_local", "")):
+            return 0
+        return spec.get("max_runtime_minutes") + VM_HALT_MARGIN_MINUTES
 
 
 def say(msg: str) -> None:

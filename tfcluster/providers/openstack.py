@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from ..config import ROLES, RunSpec
 from ..errors import ConfigError
+from ..tfsupport import DefaultImage
 from .base import TerraformProvider, register
 
 
@@ -62,6 +63,9 @@ class OpenstackProvider(TerraformProvider):
 
     name = "openstack"
     requires_ssh_cidrs = True
+    halts_vm = True
+    default_image = DefaultImage("Debian 12 (the newest Glance image matching provider_options.image_regex)",
+                                 "3.11", "debian")
     unsupported = {
         "spot": "Nova has no spot or preemptible market",
         "run_limit": "OpenStack has no server-side run limit: nodes power themselves off at max_runtime_minutes "
@@ -77,7 +81,7 @@ class OpenstackProvider(TerraformProvider):
         "dns_nameservers": "comma-separated resolvers for a created subnet ('' = the site's)",
         "floating_ip": "a floating IP per node, what the controller SSHes to (default true)",
         "flavor": "flavor of roles without nodes.<role>.instance_type (default m1.large)",
-        "image_regex": "default image lookup, most recent name match (default ^(?i)ubuntu[ -]?22\\.04)",
+        "image_regex": "default image lookup, most recent name match (default ^(?i)debian[ -]?12([^0-9]|$): Debian 12)",
         "availability_zone": "Nova availability zone ('' = the cloud's)",
         "volume_size_gb": "0 = boot from the flavor's disk (default); N = boot from a new N GB volume",
     }

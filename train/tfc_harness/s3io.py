@@ -36,6 +36,12 @@ _MAX_DELAY_S = 8.0
 _RETRYABLE_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown",
                     "RequestTimeout", "RequestTimeTooSkewed", "Throttling", "ThrottlingException"}
 _NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound"}
+# Answers of a store without multi-object delete (POST ?delete): delete per key instead. GCS's S3
+# interface long lacked it, and botocore >= 1.36 sends the body checksum as x-amz-checksum-crc32, where
+# older S3-compatible stores want Content-MD5: both answer 400/501 with one of these codes.
+_NO_MULTI_DELETE_CODES = {"NotImplemented", "InvalidArgument", "InvalidRequest", "MalformedXML",
+                          "MethodNotAllowed", "MissingContentMD5", "InvalidDigest", "XAmzContentSHA256Mismatch"}
+_NO_MULTI_DELETE_HOSTS = ("storage.googleapis.com",)
 
 
 class CredentialsMissing(RuntimeError):
@@ -60,11 +66,24 @@ def make_client(endpoint: str | None = None, region: str | None = None):
             "environment of this process")
     config = botocore.config.Config(connect_timeout=10, read_timeout=60,
                                     retries={"max_attempts": 3, "mode": "standard"},
-                                    s3={"addressing_style": "path"} if endpoint else None)
+                                    s3={"addressing_style": "path"} if endpoint else None,
+                                    **checksum_settings(endpoint))
     session = boto3.session.Session()
     return session.client("s3", endpoint_url=endpoint or None,
                           region_name=region or env.get("AWS_DEFAULT_REGION") or "us-east-1",
                           config=config, **kwargs)
+
+
+def checksum_settings(endpoint: str | None) -> dict:
+    """botocore Config arguments for ``endpoint``: checksums only where an operation requires them off AWS.
+
+    Since botocore 1.36 every upload carries CRC checksum headers (and trailers on streamed bodies) and every
+    download validates one; GCS's S3 interface and older S3-compatible stores reject those requests. AWS
+    itself (no endpoint) keeps botocore's defaults.
+    """
+    if not endpoint:
+        return {}
+    return {"request_checksum_calculation": "when_required", "response_checksum_validation": "when_required"}
 
 
 def client_from_settings(settings):
@@ -82,7 +101,7 @@ def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-        return code in _RETRYABLE_CODES or status.startswith("5")
+        return code in _RETRYABLE_CODES or (status.startswith("5") and code != "NotImplemented")
     return isinstance(exc, (BotoCoreError, S3UploadFailedError, S3TransferFailedError, ConnectionError,
                             TimeoutError))
 
@@ -147,16 +166,16 @@ def get_bytes(client, bucket: str, key: str, **retry) -> bytes:
 
 
 def exists(client, bucket: str, key: str, **retry) -> bool:
-    """True when the object exists (a 404 is an answer, not an error)."""
-    def _head() -> bool:
-        try:
-            client.head_object(Bucket=bucket, Key=key)
-            return True
-        except ClientError as exc:
-            if str(exc.response.get("Error", {}).get("Code", "")) in _NOT_FOUND_CODES:
-                return False
-            raise
-    return with_retries(_head, f"head s3://{bucket}/{key}", **retry)
+    """True when the object exists.
+
+    Asked with a listing that has the key as its prefix, not a HEAD: S3 answers a HEAD of a missing key
+    with 403, not 404, unless the caller holds s3:ListBucket on the whole bucket, and the nodes' AWS role
+    may list only under the run's prefixes (an ``s3:prefix`` condition, which a HEAD does not carry). The
+    key itself sorts first among the keys it prefixes, so one listed key is enough.
+    """
+    resp = with_retries(lambda: client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1),
+                        f"look for s3://{bucket}/{key}", **retry)
+    return any(obj.get("Key") == key for obj in resp.get("Contents", []))
 
 
 def list_keys(client, bucket: str, prefix: str) -> Iterator[str]:
@@ -168,8 +187,51 @@ def list_keys(client, bucket: str, prefix: str) -> Iterator[str]:
             yield obj["Key"]
 
 
-def delete_keys(client, bucket: str, keys: list[str]) -> None:
+def _multi_delete_refused(exc: ClientError) -> bool:
+    error = exc.response.get("Error", {})
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return str(error.get("Code", "")) in _NO_MULTI_DELETE_CODES or status in (400, 405, 501)
+
+
+def _endpoint_host(client) -> str:
+    from urllib.parse import urlsplit
+
+    return urlsplit(getattr(client.meta, "endpoint_url", "") or "").hostname or ""
+
+
+def delete_keys(client, bucket: str, keys: list[str], **retry) -> None:
+    """Delete ``keys``: 1000 per multi-object delete, or one by one where the store has no such request.
+
+    A store named in ``_NO_MULTI_DELETE_HOSTS`` is asked per key from the start; any other store that
+    refuses the first multi-object delete as unsupported is asked per key from then on. Keys a multi-object
+    delete reports as failed raise :class:`TransferError`.
+    """
+    per_key = _endpoint_host(client) in _NO_MULTI_DELETE_HOSTS
     for start in range(0, len(keys), 1000):
-        chunk = [{"Key": k} for k in keys[start:start + 1000]]
-        with_retries(lambda chunk=chunk: client.delete_objects(Bucket=bucket, Delete={"Objects": chunk}),
-                     f"delete {len(chunk)} objects in s3://{bucket}")
+        chunk = keys[start:start + 1000]
+        if not per_key:
+            try:
+                with_retries(lambda chunk=chunk: _delete_many(client, bucket, chunk),
+                             f"delete {len(chunk)} objects in s3://{bucket}", **retry)
+                continue
+            except TransferError as exc:
+                cause = exc.__cause__
+                if not (isinstance(cause, ClientError) and _multi_delete_refused(cause)):
+                    raise
+                per_key = True
+        for key in chunk:
+            with_retries(lambda key=key: client.delete_object(Bucket=bucket, Key=key),
+                         f"delete s3://{bucket}/{key}", **retry)
+
+
+def _delete_many(client, bucket: str, chunk: list[str]) -> None:
+    _raise_failed(bucket, client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in chunk],
+                                                                       "Quiet": True}))
+
+
+def _raise_failed(bucket: str, resp: dict) -> None:
+    errors = resp.get("Errors") or []
+    if errors:
+        first = errors[0]
+        raise TransferError(f"delete in s3://{bucket}: {len(errors)} object(s) not deleted, e.g. "
+                            f"{first.get('Key')}: {first.get('Code')} {first.get('Message', '')}".rstrip())

@@ -20,7 +20,7 @@ module "cluster" {
   worker_count        = 2
   chief_count         = 1
   instance_types      = { worker = "c6i.large" } # ps and chief: the defaults (m6i.large)
-  images              = {}                       # Ubuntu 22.04 LTS
+  images              = {}                       # Debian 12 (official AMI)
   gpus                = {}
   ssh_public_key      = var.ssh_public_key
   ssh_user            = ""

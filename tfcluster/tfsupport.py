@@ -1,0 +1,68 @@
+"""Which CPython versions a TensorFlow release installs on: the table in roles/tensorflow/vars/main.yml.
+
+The tensorflow role checks each node's Python against the same table (its first task), so a user's own
+image is refused on the node, naming it; for a provider's default image, whose Python is known, tfcluster
+refuses the mismatch before anything is created (:func:`check_default_image`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import yaml
+
+from .errors import ConfigError
+from .paths import REPO
+
+TABLE = REPO / "roles" / "tensorflow" / "vars" / "main.yml"
+_KEY = "_tensorflow_python_support"
+
+
+@dataclass(frozen=True)
+class DefaultImage:
+    """A provider's default image: what a user gets with ``nodes.<role>.image: ''``."""
+
+    name: str
+    python: str
+    ssh_user: str
+
+
+@functools.cache
+def table() -> dict[str, tuple[str, ...]]:
+    """``{"2.21": ("3.10", ...), ...}`` from the role's vars file."""
+    data = yaml.safe_load(TABLE.read_text())[_KEY]
+    return {str(k): tuple(str(v) for v in versions) for k, versions in data.items()}
+
+
+def minor(version: str) -> str:
+    """``"2.21.0"`` -> ``"2.21"``."""
+    return ".".join(version.split(".")[:2])
+
+
+def pythons_for(version: str) -> tuple[str, ...] | None:
+    """The CPython versions TensorFlow ``version`` has wheels for; None for a release not in the table."""
+    return table().get(minor(version))
+
+
+def check_default_image(spec, provider: str, image: DefaultImage) -> None:
+    """Refuse a TensorFlow release that the default image's Python cannot install (roles using it only)."""
+    from .config import ROLES
+
+    roles = [r for r in ROLES if spec.count(r) and not spec.get(f"nodes.{r}.image")]
+    if not roles:
+        return
+    version = spec.get("tensorflow.version")
+    pythons = pythons_for(version)
+    known = ", ".join(f"{k}.x" for k in table())
+    if pythons is None:
+        raise ConfigError("tensorflow.version", version,
+                          f"a release whose Python support tfcluster knows: {known} "
+                          f"(roles/tensorflow/vars/main.yml; add a row only after checking PyPI's wheels)")
+    if image.python not in pythons:
+        usable = ", ".join(k + ".x" for k, v in table().items() if image.python in v)
+        raise ConfigError("tensorflow.version", version,
+                          f"a release with wheels for Python {image.python}, the Python of {provider}'s default "
+                          f"image {image.name} used by nodes.{roles[0]} ({usable}); TensorFlow {minor(version)} "
+                          f"supports Python {', '.join(pythons)}. Or set nodes.<role>.image to an image whose "
+                          "Python it supports")
