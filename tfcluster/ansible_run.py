@@ -47,7 +47,7 @@ def ping(state: ClusterState, timeout: int = 10) -> subprocess.CompletedProcess:
     """``ansible all -m ping`` through the cluster's inventory."""
     cmd = [str(BIN / "ansible"), "all", "-i", str(state.inventory), "-m", "ansible.builtin.ping", "-o",
            "-T", str(timeout)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=environment(state))
+    return subprocess.run(cmd, capture_output=True, text=True, env=environment(state), stdin=subprocess.DEVNULL)
 
 
 def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None,
@@ -65,8 +65,9 @@ def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None
         cmd += ["--tags", tags]
     log = open(log_file, "a") if log_file else None
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=environment(state, env), bufsize=1)
+        # stdin: Ansible needs none, and refuses to start on a non-blocking one (a background job's)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=environment(state, env), bufsize=1)
         assert proc.stdout is not None
         in_failure, recap = False, {}
         for line in proc.stdout:

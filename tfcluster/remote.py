@@ -57,7 +57,7 @@ def run(state: ClusterState, node: Node, command: str, timeout: float = 30) -> s
     status 255, or nothing within the timeout)."""
     try:
         res = subprocess.run(ssh_command(state, node, as_root(node, command)), capture_output=True, text=True,
-                             timeout=timeout)
+                             timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return None
     return None if res.returncode == 255 else res

@@ -18,6 +18,7 @@ from .cluster import load_spec, phase, say
 from .config import RunSpec
 from .errors import ConfigError, GuardError, TfclusterError
 from .paths import TRAIN_DIR, ClusterState, artifacts_root
+from .providers import get_provider
 from .providers.base import Node, read_nodes
 from .runrecord import RunState
 
@@ -57,8 +58,6 @@ def _extra_vars(state: ClusterState, name: str, data: dict) -> Path:
 # -- configure ---------------------------------------------------------------------------------
 def configure(spec: RunSpec) -> None:
     """Run playbooks/site.yml on every node (idempotent)."""
-    from .providers import get_provider
-
     state = ClusterState(spec.cluster)
     nodes = _nodes_or_fail(state)
     provider = get_provider(spec.provider, state)
@@ -241,8 +240,10 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
     deadline = time.time() + settings["max_runtime_s"]
     run["deadline"] = deadline
     runrecord.write(state, run)
+    provider = get_provider(spec.provider, state)
     extra = _extra_vars(state, "train-vars.json", {"tf_node_run": settings, "tf_node_deadline": deadline,
-                                                   "tf_node_max_restarts": spec.get("training.max_restarts")})
+                                                   "tf_node_max_restarts": spec.get("training.max_restarts"),
+                                                   "tf_node_vm_halt_minutes": provider.vm_halt_minutes(spec)})
     chief = next(n for n in nodes if n.role == "chief")
     try:
         with phase("start parameter servers, workers and the chief (playbooks/train.yml)"):

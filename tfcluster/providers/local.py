@@ -13,6 +13,7 @@ from .. import aptproxy, image, localnode, store
 from ..config import RunSpec
 from ..errors import ConfigError
 from ..paths import cache_root
+from ..tfsupport import DefaultImage
 from .base import Node, TerraformProvider, register
 
 #: auto subnets are 10.231.<k>.0/24 with k from the cluster name; the local store uses 10.231.255.0/24
@@ -42,6 +43,8 @@ def _routes() -> list[tuple[str, str]]:
 class LocalProvider(TerraformProvider):
     name = "local"
     gone = "no node, namespace, bridge or node process remains"
+    #: the base image (tfcluster.image): Debian 12, as the clouds' default images
+    default_image = DefaultImage("Debian 12 (the local base image)", "3.11", image.IMAGE_USER)
     unsupported = {"gpus": "local nodes share this machine and have no GPUs",
                    "spot": "there is no market for namespaces"}
 
