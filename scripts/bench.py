@@ -83,8 +83,8 @@ def main() -> int:
     from tfcluster.config import resolve
 
     spec = resolve(overrides={"training.steps": args.steps})
-    single = single_process_examples_per_sec(args.steps, spec.get("training.batch_size"),
-                                             spec.get("training.learning_rate"))
+    single = single_process_examples_per_sec(args.steps, spec.training.batch_size,
+                                             spec.training.learning_rate)
     print("phase times (s):")
     print(f"  {'up':<34} {times['up']:8.1f}")
     print(f"  {'configure':<34} {times['configure']:8.1f}")

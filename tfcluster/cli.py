@@ -156,6 +156,11 @@ def cmd_reference(args) -> int:
     return 0
 
 
+def cmd_schema(args) -> int:
+    print(json.dumps(config.json_schema(), indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tfcluster", description=__doc__.split(". ")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -186,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["start", "stop", "status"])
     p.add_argument("--force", action="store_true", help="stop: even while clusters are up")
     add("config-reference", cmd_reference, "print the configuration fields as a Markdown table")
+    add("schema", cmd_schema, "print the JSON Schema of the cluster file (for editors' YAML support)")
     return parser
 
 

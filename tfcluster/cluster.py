@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 
 from . import ansible_run, inventory, poll, runrecord, store
-from .config import RunSpec, flatten, resolve
+from .config import RunSpec, resolve
 from .errors import ProvisionError, TfclusterError
 from .paths import ClusterState
 from .providers import get_provider
@@ -38,7 +38,7 @@ def load_spec(state: ClusterState) -> RunSpec | None:
     """The spec the cluster was brought up with (re-validated), or None."""
     if not state.spec.exists():
         return None
-    return resolve(flatten(json.loads(state.spec.read_text())), check_files=False)
+    return resolve(json.loads(state.spec.read_text()), check_files=False)
 
 
 def ensure_ssh_key(state: ClusterState) -> str:
@@ -58,8 +58,8 @@ def prepare_storage(spec: RunSpec) -> None:
     if store.endpoint_for(spec) == store.local_endpoint():
         store.ensure_running(log=say)
     s3 = store.client(spec)
-    store.ensure_bucket(s3, spec.get("storage.bucket"), spec.get("storage.region"))
-    say(f"storage: s3://{spec.get('storage.bucket')}/ at {store.endpoint_for(spec) or 'AWS S3'}")
+    store.ensure_bucket(s3, spec.storage.bucket, spec.storage.region)
+    say(f"storage: s3://{spec.storage.bucket}/ at {store.endpoint_for(spec) or 'AWS S3'}")
 
 
 def wait_for_ssh(state: ClusterState, nodes: list[Node], timeout: int) -> None:
@@ -99,9 +99,9 @@ def up(spec: RunSpec) -> list[Node]:
             raise ProvisionError(f"{exc}\nprovisioning failed; 'make down CLUSTER={spec.cluster}' removes "
                                  f"whatever was created") from None
     write_nodes(state.nodes, nodes)
-    inventory.write(state, nodes, spec.get("network.tf_port"))
+    inventory.write(state, nodes, spec.network.tf_port, spec.strategy)
     with phase("wait for SSH on every node"):
-        wait_for_ssh(state, nodes, spec.get("ssh.timeout_seconds"))
+        wait_for_ssh(state, nodes, spec.ssh.timeout_seconds)
     print_nodes(nodes)
     return nodes
 

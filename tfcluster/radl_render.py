@@ -158,7 +158,7 @@ def outports(cidrs: list[str]) -> str:
 
 def _ssh_outports(spec: RunSpec, adopted) -> str:
     """Public SSH sources; none at all is refused for cloud nodes (an empty outports opens nothing)."""
-    cidrs = spec.get("network.allowed_ssh_cidrs")
+    cidrs = spec.network.allowed_ssh_cidrs
     if not cidrs and not adopted:
         raise ConfigError("network.allowed_ssh_cidrs", cidrs,
                           "at least one IPv4 network that may reach SSH, e.g. ['203.0.113.0/24'] "
@@ -188,12 +188,12 @@ def _group_exprs(role: str, systems: list[str], tf_port: int) -> tuple[str, str]
 def context(spec: RunSpec, options: dict[str, str] | None = None, *, adopted: list[AdoptedNode] | None = None,
             credentials: Credentials | None = None, contextualize: str = "tfcluster", token: str = "") -> dict:
     """The template's variables, every one checked (ConfigError names the configuration field)."""
-    opts = dict(spec.get("provider_options") if options is None else options)
+    opts = dict(spec.provider_options if options is None else options)
     if token and not re.fullmatch(r"[0-9a-f]{8,64}", token):
         raise ProvisionError("the RADL token must be hex")
     if contextualize not in CONTEXTUALIZE_MODES:
         raise ConfigError("contextualize", contextualize, "one of " + ", ".join(CONTEXTUALIZE_MODES))
-    tf_port = spec.get("network.tf_port")
+    tf_port = spec.network.tf_port
     cpu = check_cpu("provider_options.cpu", opts.get("cpu", DEFAULT_CPU))
     memory = check_memory("provider_options.memory", opts.get("memory", DEFAULT_MEMORY))
     default_image = opts.get("image_url", "")
@@ -218,15 +218,15 @@ def context(spec: RunSpec, options: dict[str, str] | None = None, *, adopted: li
         role_cpu = check_cpu(f"provider_options.{role}_cpu", opts[f"{role}_cpu"]) if f"{role}_cpu" in opts else cpu
         role_memory = (check_memory(f"provider_options.{role}_memory", opts[f"{role}_memory"])
                        if f"{role}_memory" in opts else memory)
-        image = spec.get(f"nodes.{role}.image")
+        image = spec.nodes[role].image
         if image:
             image = check_image_url(f"nodes.{role}.image", image)
         else:
             image = default_image
-        gpus = spec.get(f"nodes.{role}.gpus")
+        gpus = spec.nodes[role].gpus
         base = {"role": role, "cpu": role_cpu, "memory": role_memory, "gpus": gpus,
                 "instance_type": check_instance_type(f"nodes.{role}.instance_type",
-                                                     spec.get(f"nodes.{role}.instance_type")),
+                                                     spec.nodes[role].instance_type),
                 "ssh_user": user}
         if adopted is None:
             if not image:
@@ -267,7 +267,7 @@ def context(spec: RunSpec, options: dict[str, str] | None = None, *, adopted: li
         "node_total": total,
         "outports": _ssh_outports(spec, adopted),
         "tf_port": tf_port,
-        "tensorflow_version": spec.get("tensorflow.version"),
+        "tensorflow_version": spec.tensorflow.version,
         "roles_url": check_http_url("provider_options.roles_url", opts.get("roles_url", "")),
         "wheelhouse_url": wheelhouse_url,
         # without a wheelhouse the tensorflow role must use the node's package index (its "wheelhouse" source
@@ -293,7 +293,7 @@ def bundle_id(spec: RunSpec, dest_dir=None) -> str:
     """
     import tempfile
 
-    model = spec.get("training.model")
+    model = spec.training.model
     model_file = model if model.endswith(".py") else ""
     with tempfile.TemporaryDirectory() as tmp:
         path, digest = harness_bundle(TRAIN_DIR, Path(dest_dir or tmp), model_file)
@@ -346,9 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         spec = resolve(load_file(args.config))
-        user = spec.get("ssh.user") or DEFAULT_CLOUD_USER
+        user = spec.ssh.user or DEFAULT_CLOUD_USER
         sys.stdout.write(render(spec, credentials=Credentials(user), contextualize=args.contextualize))
-        opts = spec.get("provider_options")
+        opts = spec.provider_options
         if args.bundle_out:
             bundle_id(spec, args.bundle_out)
             print(f"radl_render: wrote {Path(args.bundle_out) / 'harness.tar.gz'}", file=sys.stderr)

@@ -135,21 +135,20 @@ def stop(log=print) -> None:
 
 def endpoint_for(spec) -> str | None:
     """The S3 endpoint of a run: unless one is configured, the local store for local nodes, else AWS S3."""
-    value = spec.get("storage.endpoint")
+    value = spec.storage.endpoint
     if value != "auto":
         return value
-    adopted = spec.provider == "im" and spec.get("provider_options").get("adopt_local") == "true"
-    return local_endpoint() if spec.provider == "local" or adopted else None
+    return None if spec.uses_cloud_nodes else local_endpoint()
 
 
 def process_env(spec) -> dict[str, str]:
     """Environment for processes that talk to the run's S3 (credentials only for the local store)."""
     from urllib.parse import urlsplit
 
-    env = {"AWS_DEFAULT_REGION": spec.get("storage.region")}
+    env = {"AWS_DEFAULT_REGION": spec.storage.region}
     endpoint = endpoint_for(spec)
-    if spec.get("storage.credentials_file"):  # a site's S3-compatible store: the user's keys
-        env.update(read_env_file(Path(spec.get("storage.credentials_file"))))
+    if spec.storage.credentials_file:  # a site's S3-compatible store: the user's keys
+        env.update(read_env_file(Path(spec.storage.credentials_file)))
     elif endpoint and urlsplit(endpoint).hostname == store_addr()[0]:  # the local store, or a proxy beside it
         env.update(credentials())
     return env

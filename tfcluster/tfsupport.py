@@ -49,10 +49,10 @@ def check_default_image(spec, provider: str, image: DefaultImage) -> None:
     """Refuse a TensorFlow release that the default image's Python cannot install (roles using it only)."""
     from .config import ROLES
 
-    roles = [r for r in ROLES if spec.count(r) and not spec.get(f"nodes.{r}.image")]
+    roles = [r for r in ROLES if spec.count(r) and not spec.nodes[r].image]
     if not roles:
         return
-    version = spec.get("tensorflow.version")
+    version = spec.tensorflow.version
     pythons = pythons_for(version)
     known = ", ".join(f"{k}.x" for k in table())
     if pythons is None:

@@ -29,7 +29,7 @@ def model_name(spec: RunSpec) -> str:
 
 def model_path(spec: RunSpec) -> Path:
     """The model module's file: a bundled model in train/models/, or the user's .py file."""
-    model = spec.get("training.model")
+    model = spec.training.model
     return Path(model) if model.endswith(".py") else TRAIN_DIR / "models" / f"{model}.py"
 
 
@@ -65,13 +65,13 @@ def configure(spec: RunSpec) -> None:
     wheels = None
     if offline:
         with phase("prepare the wheelhouse"):
-            wheels = wheelhouse.ensure(spec.get("tensorflow.version"),
+            wheels = wheelhouse.ensure(spec.tensorflow.version,
                                        wheelhouse.packages_for([n.gpus for n in nodes]), log=say)
-    model = spec.get("training.model")
+    model = spec.training.model
     bundle, bundle_id = wheelhouse.harness_bundle(TRAIN_DIR, state.dir / "vars",
                                                   model if model.endswith(".py") else "")
     variables = {
-        "tensorflow_version": spec.get("tensorflow.version"),
+        "tensorflow_version": spec.tensorflow.version,
         "tensorflow_source": "wheelhouse" if offline else "index",
         "tensorflow_wheelhouse_src": str(wheels or ""),
         "tf_node_train_src": str(TRAIN_DIR),
@@ -92,22 +92,22 @@ def configure(spec: RunSpec) -> None:
 
 # -- train -------------------------------------------------------------------------------------
 def _run_settings(spec: RunSpec, run_id: str) -> dict:
-    prefix = f"{spec.get('storage.prefix')}/{spec.cluster}/{run_id}"
+    prefix = f"{spec.storage.prefix}/{spec.cluster}/{run_id}"
     return {
         "run_id": run_id,
         "model_module": model_name(spec),
-        "strategy": spec.get("strategy"),
-        "steps": spec.get("training.steps"),
-        "batch_size": spec.get("training.batch_size"),
-        "learning_rate": spec.get("training.learning_rate"),
-        "checkpoint_every": spec.get("training.checkpoint_every"),
-        "max_runtime_s": spec.get("max_runtime_minutes") * 60,
-        "start_timeout_s": spec.get("training.start_timeout_seconds"),
-        "stall_timeout_s": spec.get("training.stall_timeout_seconds"),
+        "strategy": spec.strategy,
+        "steps": spec.training.steps,
+        "batch_size": spec.training.batch_size,
+        "learning_rate": spec.training.learning_rate,
+        "checkpoint_every": spec.training.checkpoint_every,
+        "max_runtime_s": spec.max_runtime_minutes * 60,
+        "start_timeout_s": spec.training.start_timeout_seconds,
+        "stall_timeout_s": spec.training.stall_timeout_seconds,
         "s3": {
             "endpoint": store.endpoint_for(spec),
-            "region": spec.get("storage.region"),
-            "bucket": spec.get("storage.bucket"),
+            "region": spec.storage.region,
+            "bucket": spec.storage.bucket,
             "run_prefix": prefix,
             "checkpoint_prefix": f"{prefix}/checkpoints",
             "dataset_prefix": f"datasets/{model_name(spec)}",
@@ -212,7 +212,7 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
         return verify(spec, run)
     if configure_first:
         configure(spec)
-    fingerprint = {"model": model_name(spec), "batch_size": spec.get("training.batch_size")}
+    fingerprint = {"model": model_name(spec), "batch_size": spec.training.batch_size}
     resume = run.get("state") in runrecord.RESUMABLE
     if resume and run.get("fingerprint", fingerprint) != fingerprint:
         say(f"run {run['run_id']} used {run['fingerprint']}; these settings start a new run instead")
@@ -225,14 +225,14 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
         from tfc_harness.errors import HarnessError
 
         try:
-            info = data.ensure_dataset(s3, spec.get("storage.bucket"), settings["s3"]["dataset_prefix"],
+            info = data.ensure_dataset(s3, spec.storage.bucket, settings["s3"]["dataset_prefix"],
                                        str(model_path(spec)))
         except HarnessError as exc:  # the user's model module: named, with what is wrong
             raise TfclusterError(str(exc)) from None
-        say(f"dataset s3://{spec.get('storage.bucket')}/{settings['s3']['dataset_prefix']}/ "
+        say(f"dataset s3://{spec.storage.bucket}/{settings['s3']['dataset_prefix']}/ "
             + ("uploaded" if info["uploaded"] else "already there"))
     run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(), "steps": settings["steps"],
-           "s3_prefix": f"s3://{spec.get('storage.bucket')}/{settings['s3']['run_prefix']}/",
+           "s3_prefix": f"s3://{spec.storage.bucket}/{settings['s3']['run_prefix']}/",
            "resumed": resume, "fingerprint": fingerprint}
     runrecord.write(state, run)
     say(("resuming" if resume else "starting") + f" run {run_id}: {settings['steps']} steps on "
@@ -242,7 +242,7 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
     runrecord.write(state, run)
     provider = get_provider(spec.provider, state)
     extra = _extra_vars(state, "train-vars.json", {"tf_node_run": settings, "tf_node_deadline": deadline,
-                                                   "tf_node_max_restarts": spec.get("training.max_restarts"),
+                                                   "tf_node_max_restarts": spec.training.max_restarts,
                                                    "tf_node_vm_halt_minutes": provider.vm_halt_minutes(spec)})
     chief = next(n for n in nodes if n.role == "chief")
     try:
@@ -316,7 +316,7 @@ def verify(spec: RunSpec, run: dict) -> dict:
         try:
             from tfc_harness import verify as harness_verify
 
-            result = harness_verify.verify_run(store.client(spec), spec.get("storage.bucket"),
+            result = harness_verify.verify_run(store.client(spec), spec.storage.bucket,
                                                  settings["s3"]["run_prefix"], dest)
         except TfclusterError:
             raise

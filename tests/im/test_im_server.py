@@ -40,7 +40,7 @@ def test_create_read_leftovers_destroy(im_server, auth_file, ssh_keypair, tmp_pa
     assert client.version().startswith("2.")
     adopted = [radl_render.AdoptedNode(f"tfct-im-{r}-{i}", r, i, f"127.0.0.{10 + n}")
                for n, (r, i) in enumerate([("ps", 0), ("worker", 0), ("worker", 1), ("chief", 0)])]
-    radl = radl_render.render(spec, {**spec.get("provider_options"), "cloud_id": "dn"}, adopted=adopted,
+    radl = radl_render.render(spec, {**spec.provider_options, "cloud_id": "dn"}, adopted=adopted,
                               token="feedfacefeedface",
                               credentials=radl_render.Credentials("root", public, private))
     provider._write_record({"cluster": "tfct-im", "im_url": im_server["url"], "auth_file": str(auth_file),

@@ -30,7 +30,7 @@ def spec_for(ps=1, workers=1, chief=1, gpus=(0, 0, 0), **extra):
               "nodes.ps.gpus": gpus[0], "nodes.worker.gpus": gpus[1], "nodes.chief.gpus": gpus[2],
               "network.allowed_ssh_cidrs": ["203.0.113.0/24"], "storage.bucket": "my-team-runs"}
     values.update(extra)
-    return resolve(values)
+    return resolve(overrides=values)
 
 
 def deploys(parsed) -> dict[str, int]:

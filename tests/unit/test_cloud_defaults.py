@@ -31,14 +31,13 @@ def test_cloud_providers_need_a_bucket_of_their_own(provider):
         config.resolve(overrides={"provider": provider})
     assert err.value.field == "storage.bucket" and "set explicitly" in err.value.allowed
     # set explicitly, even to the same name, it is the user's choice
-    assert config.resolve(overrides={"provider": provider, "storage.bucket": "tfcluster"}).get(
-        "storage.bucket") == "tfcluster"
+    assert config.resolve(overrides={"provider": provider, "storage.bucket": "tfcluster"}).storage.bucket == "tfcluster"
 
 
 def test_local_and_adopted_local_nodes_keep_the_default_bucket():
-    assert config.resolve().get("storage.bucket") == "tfcluster"
+    assert config.resolve().storage.bucket == "tfcluster"
     spec = config.resolve(overrides={"provider": "im", "provider_options": {"adopt_local": "true"}})
-    assert spec.get("storage.bucket") == "tfcluster" and spec.get("ssh.timeout_seconds") == 60
+    assert spec.storage.bucket == "tfcluster" and spec.ssh.timeout_seconds == 60
 
 
 def test_cli_validate_refuses_the_default_bucket_on_aws_with_status_2(home):
@@ -48,10 +47,10 @@ def test_cli_validate_refuses_the_default_bucket_on_aws_with_status_2(home):
 
 
 def test_ssh_wait_is_longer_on_clouds_unless_set():
-    assert config.resolve().get("ssh.timeout_seconds") == 60
-    assert cloud_spec("aws").get("ssh.timeout_seconds") == config.CLOUD_SSH_TIMEOUT_S == 600
-    assert cloud_spec("gcp", **{"ssh.timeout_seconds": 90}).get("ssh.timeout_seconds") == 90
-    assert config.resolve({"ssh.timeout_seconds": 30}, {"provider": "local"}).get("ssh.timeout_seconds") == 30
+    assert config.resolve().ssh.timeout_seconds == 60
+    assert cloud_spec("aws").ssh.timeout_seconds == config.CLOUD_SSH_TIMEOUT_S == 600
+    assert cloud_spec("gcp", **{"ssh.timeout_seconds": 90}).ssh.timeout_seconds == 90
+    assert config.resolve({"ssh": {"timeout_seconds": 30}}, {"provider": "local"}).ssh.timeout_seconds == 30
 
 
 def test_the_table_is_the_roles_and_holds_the_default_release():

@@ -13,8 +13,8 @@ def test_defaults_give_a_local_run():
     spec = config.resolve()
     assert spec.provider == "local"
     assert (spec.count("ps"), spec.count("worker"), spec.count("chief")) == (1, 2, 1)
-    assert spec.get("storage.bucket") == "tfcluster"
-    assert spec.get("training.model") == "digits"
+    assert spec.storage.bucket == "tfcluster"
+    assert spec.training.model == "digits"
     assert spec.node_total == 4
 
 
@@ -24,7 +24,7 @@ def test_precedence_defaults_file_overrides(tmp_path):
     spec = config.resolve(config.load_file(f), {"training.steps": "70"})
     assert spec.cluster == "fromfile"          # file beats default
     assert spec.count("worker") == 3            # file beats default
-    assert spec.get("training.steps") == 70     # override beats file, and is converted
+    assert spec.training.steps == 70     # override beats file, and is converted
     assert spec.count("ps") == 1                # default stays
 
 
@@ -37,8 +37,8 @@ def test_cli_named_options_beat_set_and_file(tmp_path):
                                       "--workers", "5", "--steps", "12", "--set", "training.checkpoint_every=3"])
     spec = spec_from_args(args)
     assert spec.count("worker") == 5
-    assert spec.get("training.steps") == 12
-    assert spec.get("training.checkpoint_every") == 3
+    assert spec.training.steps == 12
+    assert spec.training.checkpoint_every == 3
 
 
 def test_set_values_are_yaml_typed():
@@ -152,8 +152,7 @@ def test_credentials_file_must_exist_and_be_private(tmp_path):
     with pytest.raises(ConfigError, match="chmod 600"):
         config.resolve(overrides={"storage.credentials_file": str(creds)})
     creds.chmod(0o600)
-    assert config.resolve(overrides={"storage.credentials_file": str(creds)}).get(
-        "storage.credentials_file") == str(creds)
+    assert config.resolve(overrides={"storage.credentials_file": str(creds)}).storage.credentials_file == str(creds)
     with pytest.raises(ConfigError, match="no such file"):
         config.resolve(overrides={"storage.credentials_file": str(tmp_path / "nope")})
 
@@ -164,5 +163,5 @@ def test_saved_spec_loads_without_its_model_file(tmp_path):
     saved = config.resolve(overrides={"training.model": str(model)}).to_dict()
     model.unlink()
     with pytest.raises(ConfigError):
-        config.resolve(config.flatten(saved))
-    assert config.resolve(config.flatten(saved), check_files=False).get("training.model") == str(model)
+        config.resolve(saved)
+    assert config.resolve(saved, check_files=False).training.model == str(model)

@@ -27,7 +27,7 @@ def test_inventory_groups_and_hostvars(tmp_path, shape):
     nodes = make_nodes(*shape)
     state = ClusterState("c", root=tmp_path)
     state.dir.mkdir()
-    inventory.write(state, nodes, 2222)
+    inventory.write(state, nodes, 2222, "parameter_server")
     inv = yaml.safe_load(state.inventory.read_text())
     children = inv["all"]["children"]
     assert {r: len(children[r]["hosts"]) for r in ("ps", "worker", "chief")} == \

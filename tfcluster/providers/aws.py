@@ -99,7 +99,7 @@ class AwsProvider(TerraformProvider):
     def check(self, spec: RunSpec) -> None:
         """Refuse what terraform/aws cannot do, before anything is created (ConfigError, exit 2)."""
         super().check(spec)
-        opts = spec.get("provider_options")
+        opts = spec.provider_options
         for key, value in opts.items():
             _OPTION_CHECKS[key](f"provider_options.{key}", value)
         if opts.get("vpc_id") and not opts.get("subnet_id"):
@@ -123,23 +123,23 @@ class AwsProvider(TerraformProvider):
                                   '"true" with associate_public_ip "false": state that subnet '
                                   f'{opts["subnet_id"]} routes to the internet through NAT (without it the nodes '
                                   "cannot install packages; the controller must also reach their private addresses)")
-        if spec.get("network.subnet") != "auto":
-            raise ConfigError("network.subnet", spec.get("network.subnet"),
+        if spec.network.subnet != "auto":
+            raise ConfigError("network.subnet", spec.network.subnet,
                               f"'auto' on aws ({self.unsupported['network.subnet']})")
         for role in ROLES:
-            itype = spec.get(f"nodes.{role}.instance_type")
+            itype = spec.nodes[role].instance_type
             if itype and not _TYPE_RE.fullmatch(itype):
                 raise ConfigError(f"nodes.{role}.instance_type", itype,
                                   "'' (the role's default) or an EC2 instance type such as c6i.xlarge")
-            image = spec.get(f"nodes.{role}.image")
+            image = spec.nodes[role].image
             if image and not _AMI_RE.fullmatch(image):
                 raise ConfigError(f"nodes.{role}.image", image,
                                   "'' (Debian 12, the official AMI) or an AMI id such as ami-0123456789abcdef0")
 
     def provider_options(self, spec: RunSpec) -> dict[str, str]:
         """The user's options as strings for the module; the region defaults to the bucket's."""
-        opts = {k: str(v) for k, v in spec.get("provider_options").items()}
-        opts.setdefault("region", spec.get("storage.region"))
+        opts = {k: str(v) for k, v in spec.provider_options.items()}
+        opts.setdefault("region", spec.storage.region)
         return opts
 
     # -- proving nothing remains ------------------------------------------------------------------

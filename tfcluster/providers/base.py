@@ -79,13 +79,13 @@ class Provider(ABC):
 
     def check(self, spec: RunSpec) -> None:
         """Refuse a spec this provider cannot serve, before anything is created."""
-        for key, value in spec.get("provider_options").items():
+        for key, value in spec.provider_options.items():
             if key not in self.options:
                 allowed = ", ".join(sorted(self.options)) or "none"
                 raise ConfigError(f"provider_options.{key}", value, f"options of provider {self.name}: {allowed}")
         for role in ROLES:
-            if spec.count(role) and spec.get(f"nodes.{role}.gpus") and "gpus" in self.unsupported:
-                raise ConfigError(f"nodes.{role}.gpus", spec.get(f"nodes.{role}.gpus"),
+            if spec.count(role) and spec.nodes[role].gpus and "gpus" in self.unsupported:
+                raise ConfigError(f"nodes.{role}.gpus", spec.nodes[role].gpus,
                                   f"0 ({self.unsupported['gpus']})")
 
     def vm_halt_minutes(self, spec: RunSpec) -> int:
@@ -96,7 +96,7 @@ class Provider(ABC):
         The controller passes it to tf_node's start tasks (``tf_node_vm_halt_minutes``), which arm
         ``shutdown -h +N`` then, replacing the boot-time backstop of the cloud modules.
         """
-        return spec.get("max_runtime_minutes") + VM_HALT_MARGIN_MINUTES if self.halts_vm else 0
+        return spec.max_runtime_minutes + VM_HALT_MARGIN_MINUTES if self.halts_vm else 0
 
     @abstractmethod
     def up(self, spec: RunSpec, public_key: str) -> list[Node]:
@@ -130,7 +130,7 @@ class TerraformProvider(Provider):
 
     def check(self, spec: RunSpec) -> None:
         super().check(spec)
-        cidrs = spec.get("network.allowed_ssh_cidrs")
+        cidrs = spec.network.allowed_ssh_cidrs
         if self.requires_ssh_cidrs and not cidrs:
             raise ConfigError("network.allowed_ssh_cidrs", cidrs,
                               f"at least one network that may reach SSH, e.g. ['203.0.113.0/24'] ({self.name} has "
@@ -151,16 +151,16 @@ class TerraformProvider(Provider):
             "ps_count": spec.count("ps"),
             "worker_count": spec.count("worker"),
             "chief_count": spec.count("chief"),
-            "instance_types": {r: spec.get(f"nodes.{r}.instance_type") for r in ROLES},
-            "images": {r: spec.get(f"nodes.{r}.image") for r in ROLES},
-            "gpus": {r: spec.get(f"nodes.{r}.gpus") for r in ROLES},
+            "instance_types": {r: spec.nodes[r].instance_type for r in ROLES},
+            "images": {r: spec.nodes[r].image for r in ROLES},
+            "gpus": {r: spec.nodes[r].gpus for r in ROLES},
             "ssh_public_key": public_key,
-            "ssh_user": spec.get("ssh.user"),
-            "allowed_ssh_cidrs": spec.get("network.allowed_ssh_cidrs"),
-            "tf_port": spec.get("network.tf_port"),
-            "bucket": spec.get("storage.bucket"),
-            "prefix": spec.get("storage.prefix"),
-            "max_runtime_minutes": spec.get("max_runtime_minutes"),
+            "ssh_user": spec.ssh.user,
+            "allowed_ssh_cidrs": spec.network.allowed_ssh_cidrs,
+            "tf_port": spec.network.tf_port,
+            "bucket": spec.storage.bucket,
+            "prefix": spec.storage.prefix,
+            "max_runtime_minutes": spec.max_runtime_minutes,
             "provider_options": self.provider_options(spec),
         }
 

@@ -65,13 +65,13 @@ _CHECKS: dict[str, tuple[Callable[[str], bool], str]] = {
 
 def require_ssh_sources(spec: RunSpec, provider: str, ipv4_only: bool) -> None:
     """IPv4-only SSH sources and no root login (that there are sources at all, the base class checks)."""
-    cidrs = spec.get("network.allowed_ssh_cidrs")
+    cidrs = spec.network.allowed_ssh_cidrs
     if ipv4_only:
         for cidr in cidrs:
             if ipaddress.ip_network(cidr, strict=False).version != 4:
                 raise ConfigError("network.allowed_ssh_cidrs", cidr,
                                   f"IPv4 CIDR blocks on {provider} (its nodes have IPv4 addresses only)")
-    if spec.get("ssh.user") == "root":
+    if spec.ssh.user == "root":
         raise ConfigError("ssh.user", "root", f"'' or a user other than root on {provider} "
                           "(cloud images refuse root logins)")
 
@@ -105,7 +105,7 @@ class GcpProvider(TerraformProvider):
 
     def check(self, spec: RunSpec) -> None:
         super().check(spec)
-        opts = spec.get("provider_options")
+        opts = spec.provider_options
         if not opts.get("project"):
             raise ConfigError("provider_options.project", opts.get("project"),
                               "a GCP project id (required on gcp), e.g. --set provider_options.project=my-project")
@@ -123,7 +123,7 @@ class GcpProvider(TerraformProvider):
         if opts.get("public_ip") == "false":
             self._check_private_nodes(opts)
         require_ssh_sources(spec, self.name, ipv4_only=True)
-        if spec.get("storage.endpoint") == "auto":  # 'auto' means AWS S3 off the local provider
+        if spec.storage.endpoint == "auto":  # 'auto' means AWS S3 off the local provider
             raise ConfigError("storage.endpoint", "auto",
                               f"{GCS_S3_ENDPOINT} on gcp (Cloud Storage's S3-compatible API; HMAC keys in "
                               "storage.credentials_file) or the URL of another S3-compatible store")
@@ -147,8 +147,8 @@ class GcpProvider(TerraformProvider):
 
     @staticmethod
     def _check_gpus(spec: RunSpec, role: str) -> None:
-        gpus = spec.get(f"nodes.{role}.gpus")
-        machine = spec.get(f"nodes.{role}.instance_type")
+        gpus = spec.nodes[role].gpus
+        machine = spec.nodes[role].instance_type
         bundled = machine.startswith(ACCELERATOR_OPTIMIZED)
         if gpus and gpus not in GPU_COUNTS:
             raise ConfigError(f"nodes.{role}.gpus", gpus, "0, 1, 2, 4, 8 or 16 on gcp")
@@ -162,4 +162,4 @@ class GcpProvider(TerraformProvider):
 
     def provider_options(self, spec: RunSpec) -> dict[str, str]:
         """The user's options as they are: the module holds the defaults (see its README)."""
-        return dict(spec.get("provider_options"))
+        return dict(spec.provider_options)

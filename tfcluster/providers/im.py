@@ -232,10 +232,8 @@ def nodes_from_vms(cluster: str, vms: list[tuple[str, list[dict]]], gpus: dict[s
 
 
 def _local_spec(spec: RunSpec) -> RunSpec:
-    tree = spec.to_dict()
-    tree["provider"] = "local"
-    tree["provider_options"] = {}
-    return RunSpec(tree)
+    """The same cluster on the local provider (the nodes IM adopts)."""
+    return spec.model_copy(update={"provider": "local", "provider_options": {}})
 
 
 @register
@@ -259,7 +257,7 @@ class ImProvider(Provider):
 
     # -- settings ---------------------------------------------------------------------------------
     def _settings(self, spec: RunSpec) -> dict:
-        opts = spec.get("provider_options")
+        opts = spec.provider_options
         url = opts.get("im_url", "")
         if not url:
             raise ConfigError("provider_options.im_url", url, "the IM REST endpoint, e.g. http://127.0.0.1:8800")
@@ -302,10 +300,10 @@ class ImProvider(Provider):
                            for n, (r, i) in enumerate((r, i) for r in ROLES for i in range(spec.count(r)))]
             radl_render.render(spec, adopted=placeholder, credentials=radl_render.Credentials("root"))
         else:
-            if not spec.get("network.allowed_ssh_cidrs"):
+            if not spec.network.allowed_ssh_cidrs:
                 raise ConfigError("network.allowed_ssh_cidrs", [], "at least one IPv4 CIDR that may reach SSH on "
                                   "provider im (e.g. this controller's public address/32): nothing is open by default")
-            user = spec.get("ssh.user") or radl_render.DEFAULT_CLOUD_USER
+            user = spec.ssh.user or radl_render.DEFAULT_CLOUD_USER
             radl_render.render(spec, credentials=radl_render.Credentials(user))
 
     # -- state ------------------------------------------------------------------------------------
@@ -349,7 +347,7 @@ class ImProvider(Provider):
         client = ImClient(s["im_url"], Path(s["auth_file"]))
         say(f"IM {client.version()} at {s['im_url']}")
         adopted = None
-        options = dict(spec.get("provider_options"))
+        options = dict(spec.provider_options)
         if s["adopt_local"]:
             local_nodes = LocalProvider(self.state).up(_local_spec(spec), public_key)
             adopted = [radl_render.AdoptedNode(n.name, n.role, n.index, n.private_ip) for n in local_nodes]
@@ -357,7 +355,7 @@ class ImProvider(Provider):
             # the adopted systems go to the DeployedNode credential, whatever else the auth file holds
             options.setdefault("cloud_id", (auth_ids(Path(s["auth_file"]), "DeployedNode") or [""])[0])
         else:
-            user = spec.get("ssh.user") or radl_render.DEFAULT_CLOUD_USER
+            user = spec.ssh.user or radl_render.DEFAULT_CLOUD_USER
         private_key = self.state.ssh_key.read_text()
         if not private_key.endswith("\n"):
             private_key += "\n"
@@ -387,7 +385,7 @@ class ImProvider(Provider):
             if rec["inf_id"] not in client.list_ids():
                 return False
             return len(client.vm_ids(rec["inf_id"])) == spec.node_total and rec.get("adopt_local") == \
-                _truthy("adopt_local", spec.get("provider_options").get("adopt_local", ""))
+                _truthy("adopt_local", spec.provider_options.get("adopt_local", ""))
         except ProvisionError:
             return False
 
@@ -417,7 +415,7 @@ class ImProvider(Provider):
                                      f"see 'im_client getcontmsg {inf_id}'")
             time.sleep(POLL_S)
         vms = [(vm_id, client.vm_info(inf_id, vm_id)) for vm_id in client.vm_ids(inf_id)]
-        nodes = nodes_from_vms(spec.cluster, vms, {r: spec.get(f"nodes.{r}.gpus") for r in ROLES})
+        nodes = nodes_from_vms(spec.cluster, vms, {r: spec.nodes[r].gpus for r in ROLES})
         want = {r: spec.count(r) for r in ROLES}
         got = {r: sum(1 for n in nodes if n.role == r) for r in ROLES}
         if got != want:
@@ -512,7 +510,7 @@ class ImProvider(Provider):
         return found
 
     def wheelhouse_host(self, spec: RunSpec) -> str | None:
-        if _truthy("provider_options.adopt_local", spec.get("provider_options").get("adopt_local", "")):
+        if _truthy("provider_options.adopt_local", spec.provider_options.get("adopt_local", "")):
             return LocalProvider(self.state).wheelhouse_host(_local_spec(spec))
         # Cloud nodes have a route to a package index: offline_nodes() is False, so tfcluster gives the
         # tensorflow role tensorflow_source "index" and prepares no wheelhouse at all (the image's Python
@@ -521,9 +519,9 @@ class ImProvider(Provider):
 
     def vm_halt_minutes(self, spec: RunSpec) -> int:
         """Cloud VMs halt after the run's deadline plus the margin; adopted local nodes never (shared kernel)."""
-        if _truthy("provider_options.adopt_local", spec.get("provider_options").get("adopt_local", "")):
+        if _truthy("provider_options.adopt_local", spec.provider_options.get("adopt_local", "")):
             return 0
-        return spec.get("max_runtime_minutes") + VM_HALT_MARGIN_MINUTES
+        return spec.max_runtime_minutes + VM_HALT_MARGIN_MINUTES
 
 
 def say(msg: str) -> None:

@@ -25,7 +25,7 @@ def auto_subnet(cluster: str) -> str:
 
 
 def subnet_for(spec: RunSpec) -> str:
-    value = spec.get("network.subnet")
+    value = spec.network.subnet
     return auto_subnet(spec.cluster) if value == "auto" else value
 
 
@@ -50,13 +50,13 @@ class LocalProvider(TerraformProvider):
 
     def check(self, spec: RunSpec) -> None:
         super().check(spec)
-        endpoint = spec.get("storage.endpoint")
+        endpoint = spec.storage.endpoint
         store_ip = store.store_addr()[0]
         if endpoint != "auto" and urlsplit(endpoint).hostname != store_ip:
             raise ConfigError("storage.endpoint", endpoint,
                               f"'auto' or a URL on {store_ip} on the local provider (its nodes reach nothing else)")
-        if spec.get("ssh.user") not in ("", image.IMAGE_USER):
-            raise ConfigError("ssh.user", spec.get("ssh.user"),
+        if spec.ssh.user not in ("", image.IMAGE_USER):
+            raise ConfigError("ssh.user", spec.ssh.user,
                               f"'' or {image.IMAGE_USER} (the base image's user, with sudo) on the local provider")
         subnet = ipaddress.ip_network(subnet_for(spec))
         if subnet.num_addresses - 11 < spec.node_total:
@@ -87,7 +87,7 @@ class LocalProvider(TerraformProvider):
             "netns_prefix": localnode.netns_prefix(spec.cluster),
             "image_root": str(image.rootfs(image.default_recipe())),
             "apt_cache_dir": str(cache_root() / "_aptcache"),
-            "ssh_timeout": str(min(spec.get("ssh.timeout_seconds"), 120)),
+            "ssh_timeout": str(min(spec.ssh.timeout_seconds, 120)),
             "store_ip": store.store_addr()[0],
         }
 

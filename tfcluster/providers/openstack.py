@@ -88,7 +88,7 @@ class OpenstackProvider(TerraformProvider):
 
     def check(self, spec: RunSpec) -> None:
         super().check(spec)
-        opts = spec.get("provider_options")
+        opts = spec.provider_options
         for key, value in opts.items():
             ok, allowed = _CHECKS[key]
             if not ok(value):
@@ -98,19 +98,19 @@ class OpenstackProvider(TerraformProvider):
             raise ConfigError("provider_options.external_network", opts.get("external_network"),
                               "the name of the site's external network (required on openstack unless "
                               "provider_options.network names an existing network and floating_ip is false)")
-        if spec.get("ssh.user") == "root":
+        if spec.ssh.user == "root":
             raise ConfigError("ssh.user", "root", "'' or a user other than root on openstack "
                               "(cloud images refuse root logins)")
-        if spec.get("storage.endpoint") == "auto":
+        if spec.storage.endpoint == "auto":
             raise ConfigError("storage.endpoint", "auto",
                               "the http(s) URL of the site's S3-compatible object store on openstack "
                               "(Swift s3api, Ceph RGW); its keys in storage.credentials_file")
         for role in ROLES:
-            if spec.count(role) and spec.get(f"nodes.{role}.gpus") and not spec.get(f"nodes.{role}.instance_type"):
+            if spec.count(role) and spec.nodes[role].gpus and not spec.nodes[role].instance_type:
                 raise ConfigError(f"nodes.{role}.instance_type", "",
                                   "a GPU flavor of the site for a role with GPUs on openstack "
                                   "(GPUs come with the flavor: PCI passthrough or vGPU)")
 
     def provider_options(self, spec: RunSpec) -> dict[str, str]:
         """The user's options as they are: the module holds the defaults (see its README)."""
-        return dict(spec.get("provider_options"))
+        return dict(spec.provider_options)
