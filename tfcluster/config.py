@@ -48,8 +48,9 @@ def refuse(allowed: str, **ctx: Any):
     raise PydanticCustomError("tfc_allowed", "{allowed}", {"allowed": allowed, **ctx})
 
 
-# -- value checks: each returns the normalised value or refuses it --------------------------------------
-def _int(lo: int, hi: int | None = None):
+# -- value checks: each returns the normalised value or refuses it with what is allowed ------------------
+# (the providers' option models use them too: one style of validation everywhere)
+def int_check(lo: int, hi: int | None = None):
     allowed = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
 
     def check(value):
@@ -63,10 +64,16 @@ def _int(lo: int, hi: int | None = None):
 
 
 def Int(lo: int, hi: int | None = None):  # noqa: N802  a type, named like one
-    return Annotated[int, BeforeValidator(_int(lo, hi)), Field(ge=lo, le=hi)]
+    """An integer field from lo to hi (the JSON Schema says so too)."""
+    return Annotated[int, BeforeValidator(int_check(lo, hi)), Field(ge=lo, le=hi)]
 
 
-def _number(lo_exclusive: float, hi: float):
+def Checked(check, base: type = str):  # noqa: N802  a type, named like one
+    """A field whose value ``check`` normalises or refuses (with :func:`refuse`)."""
+    return Annotated[base, BeforeValidator(check)]
+
+
+def number_check(lo_exclusive: float, hi: float):
     allowed = f"a number > {lo_exclusive} and <= {hi}"
 
     def check(value):
@@ -82,7 +89,7 @@ def _number(lo_exclusive: float, hi: float):
     return check
 
 
-def _choice(*choices: str):
+def choice_check(*choices: str):
     def check(value):
         if value not in choices:
             refuse("one of " + ", ".join(choices))
@@ -91,7 +98,7 @@ def _choice(*choices: str):
     return check
 
 
-def _matching(pattern: re.Pattern, allowed: str, optional: bool = False):
+def matching_check(pattern: re.Pattern, allowed: str, optional: bool = False):
     def check(value):
         if optional and value in (None, ""):
             return ""
@@ -102,7 +109,7 @@ def _matching(pattern: re.Pattern, allowed: str, optional: bool = False):
     return check
 
 
-def _single_line(value):
+def single_line_check(value):
     if value is None:
         return ""
     if not isinstance(value, str) or any(c in value for c in "\n\r\0"):
@@ -193,7 +200,7 @@ def _subnet(value):
     return str(net)
 
 
-def _cidr_list(value):
+def cidr_list_check(value):
     allowed = "a list of IPv4/IPv6 CIDR blocks, e.g. ['203.0.113.0/24']"
     if value is None:
         return []
@@ -227,7 +234,7 @@ def _options(value):
     return out
 
 
-SingleLine = Annotated[str, BeforeValidator(_single_line)]
+SingleLine = Annotated[str, BeforeValidator(single_line_check)]
 
 
 # -- the schema -----------------------------------------------------------------------------------------
@@ -266,7 +273,7 @@ class Nodes(Section):
 
 
 class TensorFlowSettings(Section):
-    version: Annotated[str, BeforeValidator(_matching(_VERSION_RE, "a TensorFlow release X.Y.Z, e.g. 2.21.0"))] = \
+    version: Annotated[str, BeforeValidator(matching_check(_VERSION_RE, "a TensorFlow release X.Y.Z, e.g. 2.21.0"))] = \
         Field("2.21.0", description="pinned TensorFlow release installed on every node")
 
 
@@ -280,7 +287,7 @@ class Storage(Section):
         "auto", description="S3 endpoint URL; 'auto' = local store on local, AWS otherwise")
     credentials_file: Annotated[str, BeforeValidator(_credentials_file)] = Field(
         "", description="0600 file with the S3 keys of a site's store (nodes get them in a 0600 env file)")
-    region: Annotated[str, BeforeValidator(_matching(_REGION_RE, "a region name such as us-east-1"))] = Field(
+    region: Annotated[str, BeforeValidator(matching_check(_REGION_RE, "a region name such as us-east-1"))] = Field(
         "us-east-1", description="S3 region")
 
 
@@ -289,7 +296,7 @@ class Training(Section):
         "digits", description="model: a bundled one (train/models/<name>.py) or a .py file path")
     steps: Int(1, 10_000_000) = Field(600, description="training steps")
     batch_size: Int(1, 65536) = Field(64, description="batch size per worker step")
-    learning_rate: Annotated[float, BeforeValidator(_number(0.0, 10.0)), Field(gt=0.0, le=10.0)] = Field(
+    learning_rate: Annotated[float, BeforeValidator(number_check(0.0, 10.0)), Field(gt=0.0, le=10.0)] = Field(
         0.002, description="optimizer learning rate")
     max_restarts: Int(0, 100) = Field(3, description="restarts of a crashed task (with back-off) before the "
                                                      "run fails")
@@ -305,12 +312,12 @@ class Network(Section):
     tf_port: Int(1024, 65535) = Field(2222, description="gRPC port of the TensorFlow servers")
     subnet: Annotated[str, BeforeValidator(_subnet)] = Field(
         "auto", description="local provider: the cluster bridge's network")
-    allowed_ssh_cidrs: Annotated[list[str], BeforeValidator(_cidr_list)] = Field(
+    allowed_ssh_cidrs: Annotated[list[str], BeforeValidator(cidr_list_check)] = Field(
         default_factory=list, description="clouds: who may reach SSH (no open default)")
 
 
 class Ssh(Section):
-    user: Annotated[str, BeforeValidator(_matching(_USER_RE, "a Unix user name", optional=True))] = Field(
+    user: Annotated[str, BeforeValidator(matching_check(_USER_RE, "a Unix user name", optional=True))] = Field(
         "", description="SSH user on the nodes ('' = the provider's default)")
     timeout_seconds: Int(5, 3600) = Field(
         60, description=f"how long to wait for every node's SSH (unless set: 60 on local, {CLOUD_SSH_TIMEOUT_S} "
@@ -322,9 +329,10 @@ class RunSpec(Section):
 
     cluster: Annotated[str, BeforeValidator(_cluster_name)] = Field(
         "tfc", description="cluster name: host, bridge and resource names derive from it")
-    provider: Annotated[Literal["local", "aws", "gcp", "openstack", "im"], BeforeValidator(_choice(*PROVIDERS))] = \
-        Field("local", description="where the nodes come from")
-    strategy: Annotated[str, BeforeValidator(_choice(*STRATEGIES))] = Field(
+    provider: Annotated[Literal["local", "aws", "gcp", "openstack", "im"],
+                        BeforeValidator(choice_check(*PROVIDERS))] = Field("local", description="where the nodes "
+                                                                                                "come from")
+    strategy: Annotated[str, BeforeValidator(choice_check(*STRATEGIES))] = Field(
         "parameter_server", description="distribution strategy")
     provider_options: Annotated[dict[str, str], BeforeValidator(_options)] = Field(
         default_factory=dict, description="provider-specific settings (region, network, IM URL, ...), checked "
@@ -391,18 +399,18 @@ class RunSpec(Section):
 
 
 # -- the dotted field paths -----------------------------------------------------------------------------
-def _walk(model: type[BaseModel], prefix: str = ""):
+def fields_of(model: type[BaseModel], prefix: str = "") -> dict:
+    """Every leaf field of a model by its dotted path."""
+    out = {}
     for name, info in model.model_fields.items():
         sub = info.annotation if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel) \
             else None
-        if sub is not None:
-            yield from _walk(sub, f"{prefix}{name}.")
-        else:
-            yield f"{prefix}{name}", info
+        out.update(fields_of(sub, f"{prefix}{name}.") if sub is not None else {f"{prefix}{name}": info})
+    return out
 
 
 #: every leaf of the schema by its dotted path (what --set accepts)
-FIELDS = dict(_walk(RunSpec))
+FIELDS = fields_of(RunSpec)
 
 # Named CLI options / Make variables and the field each one sets.
 OVERRIDE_FLAGS = {
@@ -414,15 +422,18 @@ OVERRIDE_FLAGS = {
 }
 
 
-def _children(path: str) -> str:
+def _children(fields, path: str) -> str:
     start = path + "." if path else ""
-    return ", ".join(sorted({f[len(start):].split(".")[0] for f in FIELDS if f.startswith(start)}))
+    return ", ".join(sorted({f[len(start):].split(".")[0] for f in fields if f.startswith(start)}))
 
 
-def config_error(exc: ValidationError) -> ConfigError:
-    """The first problem of a pydantic validation, as the one error a user sees."""
+def config_error(exc: ValidationError, model: type[BaseModel] = RunSpec, prefix: str = "") -> ConfigError:
+    """The first problem of a pydantic validation of ``model`` (whose fields are under ``prefix`` in the
+    configuration), as the one error a user sees."""
+    fields = fields_of(model)
     err = exc.errors(include_url=False)[0]
-    field = ".".join(str(p) for p in err["loc"])
+    path = ".".join(str(p) for p in err["loc"])
+    field = prefix + path
     ctx = err.get("ctx") or {}
     value = ctx.get("value", err.get("input"))
     if err["type"] == "tfc_allowed":
@@ -430,10 +441,10 @@ def config_error(exc: ValidationError) -> ConfigError:
             field = f"{field}.{ctx['sub']}"
         return ConfigError(field, value, ctx["allowed"])
     if err["type"] == "extra_forbidden":
-        parent = field.rsplit(".", 1)[0] if "." in field else ""
-        return ConfigError(field, value, "known keys " + _children(parent))
+        return ConfigError(field, value, "known keys " + _children(fields, path.rsplit(".", 1)[0] if "." in path
+                                                                      else ""))
     if err["type"] in ("model_type", "model_attributes_type", "dict_type"):
-        return ConfigError(field, value, "a mapping with keys " + _children(field))
+        return ConfigError(field, value, "a mapping with keys " + _children(fields, path))
     return ConfigError(field, value, err["msg"])
 
 
@@ -479,7 +490,7 @@ def _merge(tree: dict, path: list[str], value) -> None:
         if not isinstance(child, Mapping):
             if child is not None:   # a file's `nodes: 3` under an override of nodes.worker.count
                 raise ConfigError(".".join(path[:i + 1]), child, "a mapping with keys " +
-                                  _children(".".join(path[:i + 1])))
+                                  _children(FIELDS, ".".join(path[:i + 1])))
             child = {}
         tree[part] = child = dict(child)
         tree = child
