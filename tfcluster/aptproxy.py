@@ -212,11 +212,20 @@ def running_pid(state_dir: Path) -> int | None:
     return pid if b"tfcluster.aptproxy" in cmdline else None
 
 
+def _holder(ip: str, port: int) -> str:
+    """Who listens on ip:port (ss's words), for an error message."""
+    out = subprocess.run(["ss", "-Hltnp", "src", f"{ip}:{port}"], capture_output=True, text=True).stdout.strip()
+    return out.split("users:", 1)[-1] if out else "an unknown process"
+
+
 def start(p: dict) -> None:
     ip, port = p["listen_ip"], int(p.get("port", PORT))
     if running_pid(Path(p["state_dir"])) and port_open(ip, port):
         print(f"apt proxy: already running on {ip}:{port}")
         return
+    if port_open(ip, port):  # not ours: another state directory's cluster of the same name and subnet
+        raise SystemExit(f"tfcluster.aptproxy: {ip}:{port} is already taken by {_holder(ip, port)}; a cluster "
+                         f"with this subnet is up from another state directory (make down there first)")
     logs = Path(p["state_dir"]) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / "aptproxy.log", "ab") as log:

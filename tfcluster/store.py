@@ -172,38 +172,34 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 
 def client(spec):
-    """A boto3 S3 client for the run's storage (credentials from the environment or the local store)."""
-    import boto3
-    from botocore.config import Config
+    """The S3 client of the run's storage (credentials from the user's file or the local store): the
+    harness's own factory, so controller and nodes talk to the store alike."""
+    from tfc_harness import s3io
 
     env = process_env(spec)
-    endpoint = endpoint_for(spec)
-    # Off AWS, checksums only where an operation requires them: since botocore 1.36 uploads carry CRC
-    # checksum headers/trailers that GCS's S3 interface and older S3-compatible stores reject.
-    checksums = ({"request_checksum_calculation": "when_required", "response_checksum_validation": "when_required"}
-                 if endpoint else {})
-    kwargs = {"region_name": env["AWS_DEFAULT_REGION"],
-              "config": Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5,
-                               read_timeout=30, **checksums)}
-    if endpoint:
-        kwargs["endpoint_url"] = endpoint
-    if "AWS_ACCESS_KEY_ID" in env:
-        kwargs["aws_access_key_id"] = env["AWS_ACCESS_KEY_ID"]
-        kwargs["aws_secret_access_key"] = env["AWS_SECRET_ACCESS_KEY"]
-    return boto3.client("s3", **kwargs)
+    return s3io.make_client(endpoint_for(spec), env["AWS_DEFAULT_REGION"], credentials=env)
 
 
 def ensure_bucket(s3, bucket: str, region: str) -> None:
+    """Create the bucket unless it exists (a 404 on HEAD); any other answer is an error naming it."""
     from botocore.exceptions import ClientError
+    from tfc_harness import s3io
+
+    def head() -> bool:
+        try:
+            s3.head_bucket(Bucket=bucket)
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code", "") in ("404", "NoSuchBucket", "NotFound"):
+                return False
+            raise
 
     try:
-        s3.head_bucket(Bucket=bucket)
-        return
-    except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
-        if code not in ("404", "NoSuchBucket", "NotFound"):
-            raise TfclusterError(f"bucket {bucket}: {code or exc}") from None
-    args = {"Bucket": bucket}
-    if region != "us-east-1":
-        args["CreateBucketConfiguration"] = {"LocationConstraint": region}
-    s3.create_bucket(**args)
+        if s3io.with_retries(head, f"look up bucket {bucket}"):
+            return
+        args = {"Bucket": bucket}
+        if region != "us-east-1":
+            args["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        s3io.with_retries(lambda: s3.create_bucket(**args), f"create bucket {bucket}")
+    except s3io.TransferError as exc:
+        raise TfclusterError(f"bucket {bucket}: {exc.__cause__ or exc}") from None

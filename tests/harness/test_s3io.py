@@ -201,3 +201,35 @@ def test_upload_sends_no_checksum_header_to_an_s3_compatible_store(monkeypatch):
 
     assert checksum(gcs_headers) == []
     assert "x-amz-sdk-checksum-algorithm" in checksum(aws_headers)  # the test sees such headers at all
+
+
+def test_one_retry_layer_a_failing_store_is_asked_exactly_tries_times(monkeypatch):
+    """botocore's own retries are off: with tries=3 a store that always answers 503 sees 3 requests, not 9."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802
+            seen.append(self.path)
+            body = b"<Error><Code>ServiceUnavailable</Code><Message>down</Message></Error>"
+            self.send_response(503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = s3io.make_client(f"http://127.0.0.1:{server.server_address[1]}", "us-east-1",
+                                  credentials={"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"})
+        with pytest.raises(s3io.TransferError, match="failed after 3 tries"):
+            s3io.get_bytes(client, "b", "some/key", tries=3, sleep=lambda s: None, log=None)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["/b/some/key"] * 3

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, needs_root
-from tests.integration.helpers import force_down, leftovers, make, outside_namespace, ssh
+from tests.integration.helpers import force_down, leftovers, make, node_input, outside_namespace, ssh
 from tfcluster import ansible_run
 from tfcluster.paths import ClusterState
 
@@ -90,8 +90,9 @@ def test_common_installs_through_the_proxy_what_the_bare_image_lacks(home, nodes
 
 def test_the_proxy_serves_the_bridge_only(home, nodes):
     gateway = nodes[f"{CLUSTER}-chief-0"]["private_ip"].rsplit(".", 1)[0] + ".1"
-    listening = subprocess.run(["ss", "-Hltn", "sport", "= :3142"], capture_output=True, text=True).stdout
-    assert listening.split()[3].startswith(f"{gateway}%") or listening.split()[3] == f"{gateway}:3142", listening
+    listening = subprocess.run(["ss", "-Hltn", "src", f"{gateway}:3142"], capture_output=True, text=True).stdout
+    bridge = node_input(home, CLUSTER, f"{CLUSTER}-chief-0")["bridge"]
+    assert listening.split()[3] == f"{gateway}%{bridge}:3142", listening   # bound to the bridge device
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", 3142), timeout=2)
 

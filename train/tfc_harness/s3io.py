@@ -6,8 +6,9 @@ boto3 directly, so no credentials file is read or written, and nothing here prin
 exception is real AWS (no endpoint) without static keys: then boto3's default chain is used so that an
 instance role can supply them.
 
-Every upload and download goes through :func:`with_retries` (bounded tries, exponential back-off) and uses
-one :class:`boto3.s3.transfer.TransferConfig` (multipart above 8 MiB).
+Every call to the store goes through :func:`with_retries` (bounded tries, exponential back-off), the one
+retry layer (botocore's own is off), and transfers use one :class:`boto3.s3.transfer.TransferConfig`
+(multipart above 8 MiB). The controller uses the same client factory and the same retries.
 """
 
 from __future__ import annotations
@@ -52,9 +53,13 @@ class TransferError(RuntimeError):
     """An S3 transfer failed after all tries (or with an error that retrying cannot fix)."""
 
 
-def make_client(endpoint: str | None = None, region: str | None = None):
-    """An S3 client for ``endpoint`` (None: AWS) with credentials taken from the environment."""
-    env = os.environ
+def make_client(endpoint: str | None = None, region: str | None = None, credentials: dict | None = None):
+    """An S3 client for ``endpoint`` (None: AWS) with credentials from ``credentials`` or the environment.
+
+    botocore's own retries are off: :func:`with_retries` is the one retry layer (bounded, logged), so a
+    failing store is tried a known number of times, not botocore's attempts times ours.
+    """
+    env = credentials if credentials is not None else os.environ
     kwargs = {}
     if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
         kwargs = {"aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
@@ -65,12 +70,13 @@ def make_client(endpoint: str | None = None, region: str | None = None):
             f"no S3 credentials for {endpoint}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the "
             "environment of this process")
     config = botocore.config.Config(connect_timeout=10, read_timeout=60,
-                                    retries={"max_attempts": 3, "mode": "standard"},
+                                    retries={"total_max_attempts": 1, "mode": "standard"},
                                     s3={"addressing_style": "path"} if endpoint else None,
                                     **checksum_settings(endpoint))
     session = boto3.session.Session()
     return session.client("s3", endpoint_url=endpoint or None,
-                          region_name=region or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+                          region_name=region or env.get("AWS_DEFAULT_REGION") or os.environ.get(
+                              "AWS_DEFAULT_REGION") or "us-east-1",
                           config=config, **kwargs)
 
 
