@@ -15,7 +15,7 @@ from pathlib import Path
 from . import ansible_run, poll, remote, runrecord, store, wheelhouse
 from .cluster import down as destroy_cluster
 from .cluster import load_spec, phase, say
-from .config import RunSpec
+from .config import ROLES, RunSpec
 from .errors import ConfigError, GuardError, TfclusterError
 from .paths import TRAIN_DIR, ClusterState, artifacts_root
 from .providers import get_provider
@@ -201,47 +201,67 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
     """Configure, start the tasks, wait with progress, stop ps/workers, fetch logs, verify."""
     state = ClusterState(spec.cluster)
     nodes = _nodes_or_fail(state)
-    up_spec = load_spec(state)
-    if up_spec and (up_spec.provider, [up_spec.count(r) for r in ("ps", "worker", "chief")]) != \
-            (spec.provider, [spec.count(r) for r in ("ps", "worker", "chief")]):
-        raise TfclusterError(f"cluster {spec.cluster} is up with another shape or provider; "
-                             f"run 'make up' with the new settings first")
+    _check_cluster_fits(spec, state)
     run = runrecord.read(state)
     if run.get("state") == RunState.UNVERIFIED:
         say(f"run {run['run_id']} was published but not verified yet: verifying it")
         return verify(spec, run)
     if configure_first:
         configure(spec)
-    fingerprint = {"model": model_name(spec), "batch_size": spec.training.batch_size}
-    resume = run.get("state") in runrecord.RESUMABLE
-    if resume and run.get("fingerprint", fingerprint) != fingerprint:
-        say(f"run {run['run_id']} used {run['fingerprint']}; these settings start a new run instead")
-        resume = False
-    run_id = run["run_id"] if resume else runrecord.new_id()
-    settings = _run_settings(spec, run_id)
-    s3 = store.client(spec)
-    with phase("dataset"):
-        from tfc_harness import data
-        from tfc_harness.errors import HarnessError
+    run, settings = _open_run(spec, state, run)
+    final = _run_tasks(spec, state, nodes, run, settings)
+    return _conclude(spec, state, nodes, run, final)
 
-        try:
-            info = data.ensure_dataset(s3, spec.storage.bucket, settings["s3"]["dataset_prefix"],
-                                       str(model_path(spec)))
-        except HarnessError as exc:  # the user's model module: named, with what is wrong
-            raise TfclusterError(str(exc)) from None
-        say(f"dataset s3://{spec.storage.bucket}/{settings['s3']['dataset_prefix']}/ "
-            + ("uploaded" if info["uploaded"] else "already there"))
+
+def _check_cluster_fits(spec: RunSpec, state: ClusterState) -> None:
+    """The nodes that are up were made for this provider, strategy and shape."""
+    def shape(s: RunSpec) -> tuple:
+        return s.provider, s.strategy, [s.count(r) for r in ROLES]
+
+    up_spec = load_spec(state)
+    if up_spec and shape(up_spec) != shape(spec):
+        raise TfclusterError(f"cluster {spec.cluster} is up with another shape, strategy or provider; "
+                             f"run 'make down' and 'make up' with the new settings first")
+
+
+def _open_run(spec: RunSpec, state: ClusterState, previous: dict) -> tuple[dict, dict]:
+    """Resume the previous run when it can be (same model and batch size), else start one; upload the
+    dataset; write the record. Returns the record and the settings the nodes get."""
+    fingerprint = {"model": model_name(spec), "batch_size": spec.training.batch_size}
+    resume = previous.get("state") in runrecord.RESUMABLE
+    if resume and previous.get("fingerprint", fingerprint) != fingerprint:
+        say(f"run {previous['run_id']} used {previous['fingerprint']}; these settings start a new run instead")
+        resume = False
+    run_id = previous["run_id"] if resume else runrecord.new_id()
+    settings = _run_settings(spec, run_id)
+    _upload_dataset(spec, settings)
     run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(), "steps": settings["steps"],
            "s3_prefix": f"s3://{spec.storage.bucket}/{settings['s3']['run_prefix']}/",
-           "resumed": resume, "fingerprint": fingerprint}
+           "resumed": resume, "fingerprint": fingerprint, "deadline": time.time() + settings["max_runtime_s"]}
     runrecord.write(state, run)
     say(("resuming" if resume else "starting") + f" run {run_id}: {settings['steps']} steps on "
         f"{spec.count('worker')} workers, {spec.count('ps')} ps; model → {run['s3_prefix']}")
-    deadline = time.time() + settings["max_runtime_s"]
-    run["deadline"] = deadline
-    runrecord.write(state, run)
+    return run, settings
+
+
+def _upload_dataset(spec: RunSpec, settings: dict) -> None:
+    from tfc_harness import data
+    from tfc_harness.errors import HarnessError
+
+    prefix = settings["s3"]["dataset_prefix"]
+    with phase("dataset"):
+        try:
+            info = data.ensure_dataset(store.client(spec), spec.storage.bucket, prefix, str(model_path(spec)))
+        except HarnessError as exc:  # the user's model module: named, with what is wrong
+            raise TfclusterError(str(exc)) from None
+        say(f"dataset s3://{spec.storage.bucket}/{prefix}/ " + ("uploaded" if info["uploaded"] else "already there"))
+
+
+def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, settings: dict) -> dict:
+    """Start ps and workers, then the chief; follow the chief until its task ends. On Ctrl-C or a failure
+    every task is stopped and the logs fetched before the error goes on."""
     provider = get_provider(spec.provider, state)
-    extra = _extra_vars(state, "train-vars.json", {"tf_node_run": settings, "tf_node_deadline": deadline,
+    extra = _extra_vars(state, "train-vars.json", {"tf_node_run": settings, "tf_node_deadline": run["deadline"],
                                                    "tf_node_max_restarts": spec.training.max_restarts,
                                                    "tf_node_vm_halt_minutes": provider.vm_halt_minutes(spec)})
     chief = next(n for n in nodes if n.role == "chief")
@@ -251,23 +271,25 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
                                          log_file=state.logs / "train.log", env=s3_env(spec), tags="start")
             ansible_run.check_reported(recap, [n.name for n in nodes], "start")
         with phase("training"):
-            final = wait_for_chief(state, chief, settings["max_runtime_s"] + 120)
-    except KeyboardInterrupt:
-        run["state"] = RunState.INTERRUPTED
+            return wait_for_chief(state, chief, settings["max_runtime_s"] + 120)
+    except (KeyboardInterrupt, TfclusterError) as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        run["state"] = RunState.INTERRUPTED if interrupted else RunState.FAILED
         runrecord.write(state, run)
-        say("interrupted: stopping every task and fetching logs (checkpoints are in S3; "
-            "'make train' resumes, 'make down' removes the cluster)")
-        _finish(spec, state, nodes, run_id, stop_chief=True)
+        if interrupted:
+            say("interrupted: stopping every task and fetching logs (checkpoints are in S3; "
+                "'make train' resumes, 'make down' removes the cluster)")
+        _finish(spec, state, nodes, run["run_id"], stop_chief=True)
         raise
-    except TfclusterError:
-        run["state"] = RunState.FAILED
-        runrecord.write(state, run)
-        _finish(spec, state, nodes, run_id, stop_chief=True)
-        raise
-    sup = final.get("supervisor", {})
-    logs = _finish(spec, state, nodes, run_id, stop_chief=False)
-    held = final.get("unpublished") or {}
-    if sup.get("state") != "succeeded" and held.get("run_id") == run_id:
+
+
+def _conclude(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, final: dict) -> dict:
+    """The chief's task has ended: fetch logs, then record what it left (a model kept on the node, a failure,
+    or a published model), and verify a published one."""
+    chief = next(n for n in nodes if n.role == "chief")
+    sup, held = final.get("supervisor", {}), final.get("unpublished") or {}
+    logs = _finish(spec, state, nodes, run["run_id"], stop_chief=False)
+    if sup.get("state") != "succeeded" and held.get("run_id") == run["run_id"]:
         run.update(state=RunState.UNPUBLISHED, held_on=chief.name, held_step=held.get("step"),
                    held_reason=held.get("reason"), held_path=held.get("checkpoints"))
         runrecord.write(state, run)
@@ -279,10 +301,9 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
     if sup.get("state") != "succeeded":
         run["state"] = RunState.FAILED
         runrecord.write(state, run)
-        tail = _log_tail(logs / chief.name / "node.log")
         raise TfclusterError(f"training failed: the chief's task ended '{sup.get('state')}' "
                              f"(exit {sup.get('exit_code')}, restarts {sup.get('restarts', 0)}); logs in {logs}\n"
-                             + tail)
+                             + _log_tail(logs / chief.name / "node.log"))
     run.update(state=RunState.UNVERIFIED, publish_seconds=(final.get("task") or {}).get("publish_seconds"))
     runrecord.write(state, run)
     return verify(spec, run)

@@ -73,7 +73,3 @@ def test_cli_usage_errors_exit_2(home):
     res = run_cli("logs", "--cluster", "tfct-bad", "nosuch-node", home=home, timeout=60)
     assert res.returncode == 2 and "node" in res.stderr and "nosuch-node" in res.stderr, res.stderr
     assert list(home.iterdir()) == []
-
-
-def test_case_table_is_large_enough():
-    assert len(CASES) >= 25
