@@ -65,7 +65,7 @@ def int_check(lo: int, hi: int | None = None):
 
 def Int(lo: int, hi: int | None = None):  # noqa: N802  a type, named like one
     """An integer field from lo to hi (the JSON Schema says so too)."""
-    return Annotated[int, BeforeValidator(int_check(lo, hi)), Field(ge=lo, le=hi)]
+    return Annotated[int, Field(ge=lo, le=hi), BeforeValidator(int_check(lo, hi))]
 
 
 def Checked(check, base: type = str):  # noqa: N802  a type, named like one
@@ -296,7 +296,7 @@ class Training(Section):
         "digits", description="model: a bundled one (train/models/<name>.py) or a .py file path")
     steps: Int(1, 10_000_000) = Field(600, description="training steps")
     batch_size: Int(1, 65536) = Field(64, description="batch size per worker step")
-    learning_rate: Annotated[float, BeforeValidator(number_check(0.0, 10.0)), Field(gt=0.0, le=10.0)] = Field(
+    learning_rate: Annotated[float, Field(gt=0.0, le=10.0), BeforeValidator(number_check(0.0, 10.0))] = Field(
         0.002, description="optimizer learning rate")
     max_restarts: Int(0, 100) = Field(3, description="restarts of a crashed task (with back-off) before the "
                                                      "run fails")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import run_cli
@@ -165,3 +167,22 @@ def test_saved_spec_loads_without_its_model_file(tmp_path):
     with pytest.raises(ConfigError):
         config.resolve(saved)
     assert config.resolve(saved, check_files=False).training.model == str(model)
+
+
+def test_json_schema_accepts_what_validates_and_refuses_what_editors_should_flag():
+    """`tfcluster schema`: a valid JSON Schema under which a resolved configuration and a partial cluster
+    file pass, and an unknown key or a wrong type is flagged, as an editor would."""
+    import json
+
+    import jsonschema
+
+    res = run_cli("schema", home=Path("/nonexistent"), timeout=60)
+    assert res.returncode == 0, res.stderr
+    schema = json.loads(res.stdout)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    assert list(validator.iter_errors(config.resolve().to_dict())) == []
+    assert list(validator.iter_errors({"nodes": {"worker": {"count": 3}}, "training": {"steps": 50}})) == []
+    assert [e.validator for e in validator.iter_errors({"training": {"epochs": 3}})] == ["additionalProperties"]
+    assert [e.validator for e in validator.iter_errors({"nodes": {"worker": {"count": "many"}}})] == ["type"]
+    assert [e.validator for e in validator.iter_errors({"nodes": {"chief": {"count": 2}}})] == ["maximum"]
