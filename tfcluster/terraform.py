@@ -23,10 +23,13 @@ TERRAFORM_BIN = shutil.which("terraform") or "/usr/local/bin/terraform"
 
 
 @contextmanager
-def _environment(extra: dict[str, str]):
-    """python-terraform copies os.environ into each command: set our variables for the call only."""
-    saved = {k: os.environ.get(k) for k in extra}
+def temporary_environment(extra: dict[str, str], remove: tuple[str, ...] = ()):
+    """Set (and remove) process environment variables for the block only: python-terraform copies
+    os.environ into each command, so our variables are set for the call and restored after it."""
+    saved = {k: os.environ.get(k) for k in (*extra, *remove)}
     os.environ.update(extra)
+    for k in remove:
+        os.environ.pop(k, None)
     try:
         yield
     finally:
@@ -74,7 +77,7 @@ class TerraformModule:
         (self.work_dir / "main.tf.json").write_text(json.dumps(root, indent=2) + "\n")
 
     def _run(self, what: str, fn, *args, **kwargs):
-        with _environment(self._env()):
+        with temporary_environment(self._env()):
             code, out, err = fn(*args, **kwargs)
         if code != 0:
             raise ProvisionError(f"terraform {what} failed in {self.work_dir} (exit {code}):\n"

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tfcluster.terraform import temporary_environment
+
 MIRROR = Path(os.environ.get("TFCLUSTER_TF_PLUGIN_MIRROR", "/opt/tf-plugins"))
 AWS_PLUGIN = MIRROR / "registry.terraform.io" / "hashicorp" / "aws"
 
@@ -104,15 +106,5 @@ def aws_env(tmp_path_factory):
     }
     removed = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ROLE_ARN",
                "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ENDPOINT_URL")
-    saved = {k: os.environ.get(k) for k in (*values, *removed)}
-    os.environ.update(values)
-    for k in removed:
-        os.environ.pop(k, None)
-    try:
+    with temporary_environment(values, removed):
         yield values
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
