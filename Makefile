@@ -20,6 +20,9 @@ CONFIG_ARGS = $(if $(CONFIG),--config $(CONFIG)) $(if $(CLUSTER),--cluster $(CLU
 	$(if $(PROVIDER),--provider $(PROVIDER)) $(if $(PS),--ps $(PS)) \
 	$(if $(WORKERS),--workers $(WORKERS)) $(if $(STEPS),--steps $(STEPS))
 BOOTSTRAP = $(VENV)/.tfcluster-installed
+# `make up train down`: when `down` is a goal, a failed (or interrupted) up or train tears the cluster down
+# itself (Make stops at the first failing goal, so the `down` goal would never run)
+DOWN_ON_FAILURE = $(if $(filter down,$(MAKECMDGOALS)),--down-on-failure $(if $(FORCE),--force))
 
 ##@ Help
 .PHONY: help
@@ -46,11 +49,11 @@ validate: $(BOOTSTRAP) ## Check the configuration and print it with defaults fil
 
 .PHONY: up
 up: $(BOOTSTRAP) ## Provision the cluster (local provider by default) and check Ansible reaches every node
-	$(TFCLUSTER) up $(CONFIG_ARGS)
+	$(TFCLUSTER) up $(CONFIG_ARGS) $(DOWN_ON_FAILURE)
 
 .PHONY: train
 train: $(BOOTSTRAP) ## Configure the nodes, train, publish the model to S3 and verify it
-	$(TFCLUSTER) train $(CONFIG_ARGS)
+	$(TFCLUSTER) train $(CONFIG_ARGS) $(DOWN_ON_FAILURE)
 
 .PHONY: down
 down: $(BOOTSTRAP) ## Destroy the cluster and prove nothing remains (FORCE=1 to skip the model guard)

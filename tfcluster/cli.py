@@ -66,7 +66,10 @@ def cmd_validate(args) -> int:
 
 
 def cmd_up(args) -> int:
-    cluster.up(spec_from_args(args))
+    spec = spec_from_args(args)  # bad input stops here, before anything exists
+    if args.down_on_failure:  # `make up train down`: a failed up must not leave half a cluster
+        return run_then_teardown(spec, args.force, [cluster.up], always=False)
+    cluster.up(spec)
     return 0
 
 
@@ -77,15 +80,16 @@ def cmd_down(args) -> int:
     return 0
 
 
-def cmd_all(args) -> int:
-    """up, train, down: down runs after success, failure and Ctrl-C (a second Ctrl-C is ignored)."""
+def run_then_teardown(spec: config.RunSpec, force: bool, steps, always: bool) -> int:
+    """Run the steps; then tear the cluster down (``always``, or only when a step failed or was
+    interrupted). A second Ctrl-C during the teardown is ignored. Returns the exit status (the first
+    failure's)."""
     from . import training
 
-    spec = spec_from_args(args)  # bad input stops here, before anything exists
     status = 0
     try:
-        cluster.up(spec)
-        training.train(spec)
+        for step in steps:
+            step(spec)
     except KeyboardInterrupt:
         print("tfcluster: interrupted; tearing the cluster down", file=sys.stderr)
         status = 130
@@ -95,16 +99,26 @@ def cmd_all(args) -> int:
     except Exception as exc:  # an unexpected failure must not skip the teardown below
         print(f"tfcluster: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         status = 1
+    if not always and status == 0:
+        return 0
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         cluster.say("tearing down (Ctrl-C is ignored until this is done)")
-        training.teardown(spec, args.force)
+        training.teardown(spec, force)
     except TfclusterError as exc:
         print(f"tfcluster: error: {exc}", file=sys.stderr)
         status = status or exc.exit_code
     finally:
         signal.signal(signal.SIGINT, previous)
     return status
+
+
+def cmd_all(args) -> int:
+    """up, train, down: down runs after success, failure and Ctrl-C (a second Ctrl-C is ignored)."""
+    from . import training
+
+    spec = spec_from_args(args)  # bad input stops here, before anything exists
+    return run_then_teardown(spec, args.force, [cluster.up, training.train], always=True)
 
 
 def cmd_configure(args) -> int:
@@ -117,7 +131,14 @@ def cmd_configure(args) -> int:
 def cmd_train(args) -> int:
     from . import training
 
-    training.train(spec_from_args(args), configure_first=not args.skip_configure)
+    spec = spec_from_args(args)
+
+    def train(spec):
+        training.train(spec, configure_first=not args.skip_configure)
+
+    if args.down_on_failure:  # `make up train down`: a failed train must not leave the cluster up
+        return run_then_teardown(spec, args.force, [train], always=False)
+    train(spec)
     return 0
 
 
@@ -161,6 +182,14 @@ def cmd_schema(args) -> int:
     return 0
 
 
+def _down_on_failure_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--down-on-failure", action="store_true",
+                   help="tear the cluster down when this step fails or is interrupted (make passes it when "
+                        "'down' is among its goals, as in 'make up train down')")
+    p.add_argument("--force", action="store_true", help="with --down-on-failure: even if a model not yet verified "
+                                                        "would be lost")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tfcluster", description=__doc__.split(". ")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -171,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     _config_args(add("validate", cmd_validate, "check the configuration and print it with defaults filled"))
-    _config_args(add("up", cmd_up, "provision the cluster's nodes and check Ansible reaches them"))
+    p = add("up", cmd_up, "provision the cluster's nodes and check Ansible reaches them")
+    _config_args(p)
+    _down_on_failure_args(p)
     p = add("all", cmd_all, "up, train, down; down runs even when train fails or is interrupted")
     _config_args(p)
     p.add_argument("--force", action="store_true", help="tear down even if a model not yet verified would be lost")
@@ -179,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("train", cmd_train, "configure, train, publish the model to S3 and verify it")
     _config_args(p)
     p.add_argument("--skip-configure", action="store_true", help="nodes are configured already")
+    _down_on_failure_args(p)
     p = add("down", cmd_down, "destroy the cluster and prove nothing of it remains")
     _config_args(p)
     p.add_argument("--force", action="store_true", help="destroy even if a model not yet verified would be lost")

@@ -19,7 +19,7 @@ from tfcluster.image import IMAGE_USER
 
 def make(target: str, home: Path, timeout: int = 900, env: dict | None = None,
          **knobs: str) -> subprocess.CompletedProcess:
-    args = ["make", "--no-print-directory", "-C", str(REPO), target] + [f"{k}={v}" for k, v in knobs.items()]
+    args = ["make", "--no-print-directory", "-C", str(REPO), *target.split()] + [f"{k}={v}" for k, v in knobs.items()]
     full_env = dict(os.environ, TFCLUSTER_HOME=str(home), PYTHONUNBUFFERED="1", **(env or {}))
     return subprocess.run(args, capture_output=True, text=True, env=full_env, timeout=timeout)
 

@@ -140,3 +140,19 @@ def test_node_without_sshd_fails_up_in_time_naming_it(home, cluster):
     res = make("down", home, CLUSTER=cluster)
     assert res.returncode == 0, res.stdout + res.stderr
     assert leftovers(home, cluster) == []
+
+
+def test_make_up_train_down_tears_down_when_a_goal_fails(home, cluster):
+    """`make up train down`: Make stops at a failing goal, so the failing up or train tears down itself."""
+    res = make("up train down", home, CLUSTER=cluster, WORKERS="1",
+               env={"TFCLUSTER_FAULT_NODE_UP": f"{cluster}-worker-0:fail"}, timeout=300)
+    assert res.returncode != 0 and "tearing down" in res.stdout, res.stdout + res.stderr
+    assert leftovers(home, cluster) == []
+
+    res = make("up", home, CLUSTER=cluster, WORKERS="1", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    # a train that cannot run on these nodes (another shape) fails at once, before configuring anything
+    res = make("train down", home, CLUSTER=cluster, WORKERS="2", timeout=300)
+    assert res.returncode != 0 and "up with another shape" in res.stderr, res.stdout + res.stderr
+    assert "tearing down" in res.stdout and "is down" in res.stdout, res.stdout
+    assert leftovers(home, cluster) == []
