@@ -9,6 +9,7 @@ newest checkpoint).  ``state`` is anything with ``phase``, ``step`` and ``report
 
 from __future__ import annotations
 
+import abc
 import os
 import sys
 import threading
@@ -40,7 +41,7 @@ def start_runtime_watchdog(state, max_runtime_s: float, total_steps: int) -> thr
     return timer
 
 
-class Periodic:
+class Periodic(abc.ABC):
     """Calls :meth:`tick` every ``interval_s`` in a daemon thread while a ``with`` block runs."""
 
     def __init__(self, interval_s: float, name: str):
@@ -59,8 +60,9 @@ class Periodic:
     def stopped(self) -> bool:
         return self._stop.is_set()
 
+    @abc.abstractmethod
     def tick(self) -> None:
-        raise NotImplementedError
+        """One look, every ``interval_s`` seconds, until stopped."""
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
