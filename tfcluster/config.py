@@ -109,6 +109,39 @@ def matching_check(pattern: re.Pattern, allowed: str, optional: bool = False):
     return check
 
 
+def true_false_check(value):
+    """The text "true" or "false" (how the provider modules take a switch; kept as text)."""
+    if value not in ("true", "false"):
+        refuse('"true" or "false"')
+    return value
+
+
+def whole_number_check(lo: int, hi: int, allowed: str):
+    """Digits only (no sign, no spaces: what the provider modules accept) from lo to hi; kept as text."""
+
+    def check(value):
+        if not isinstance(value, str) or not value.isascii() or not value.isdigit() or not lo <= int(value) <= hi:
+            refuse(allowed)
+        return value
+
+    return check
+
+
+def ipv4_network_check(allowed: str, prefixlen: tuple[int, int] = (0, 32), canonical: bool = False):
+    """An IPv4 CIDR block (with host bits set unless canonical) whose prefix length is in the range; kept as text."""
+
+    def check(value):
+        try:
+            net = ipaddress.ip_network(str(value), strict=canonical)
+        except ValueError:
+            refuse(allowed)
+        if net.version != 4 or not prefixlen[0] <= net.prefixlen <= prefixlen[1]:
+            refuse(allowed)
+        return value
+
+    return check
+
+
 def single_line_check(value):
     if value is None:
         return ""

@@ -24,13 +24,15 @@ import argparse
 import ipaddress
 import re
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
+from pydantic_core import PydanticCustomError
 
-from .config import ROLES, RunSpec
+from .config import ROLES, RunSpec, matching_check, refuse
 from .errors import ConfigError, ProvisionError
 from .paths import REPO, TRAIN_DIR
 from .wheelhouse import harness_bundle, package_for
@@ -55,24 +57,6 @@ _BUNDLE_RE = re.compile(r"^[A-Za-z0-9_./-]{1,200}$")
 _PUBKEY_RE = re.compile(r"^(ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+) [A-Za-z0-9+/=]+( [A-Za-z0-9@._:+-]{0,100})?$")
 _KEY_BODY_RE = re.compile(r"^-----BEGIN [A-Z ]+-----\n[A-Za-z0-9+/=\n]+-----END [A-Z ]+-----\n$")
 
-#: the provider options radl rendering reads, with their meaning (tfcluster/providers/im.py adds its own)
-OPTIONS = {
-    "image_url": "disk.0.image.url of every node whose nodes.<role>.image is '' (e.g. ost://site/ID, "
-                 "one://server/ID, aws://region/ami-ID)",
-    "cpu": f"minimum vCPUs of every node (default {DEFAULT_CPU})",
-    "memory": f"minimum memory of every node, an integer with a unit such as 4096M or 8G (default {DEFAULT_MEMORY})",
-    **{f"{r}_cpu": f"minimum vCPUs of the {r} nodes (default: cpu)" for r in ROLES},
-    **{f"{r}_memory": f"minimum memory of the {r} nodes (default: memory)" for r in ROLES},
-    "cloud_id": "the id of the auth-file line to deploy to (deploy <system> <n> <cloud_id>); '' lets IM choose",
-    "roles_url": "for IM's own contextualization: base http(s) URL serving common.tar.gz, tensorflow.tar.gz and "
-                 "tf_node.tar.gz (the roles/ of this repository)",
-    "wheelhouse_url": "for IM's own contextualization: URL the nodes read the TensorFlow wheelhouse from "
-                      "('' = each node installs from its package index)",
-    "harness_bundle": "for IM's own contextualization: the harness bundle, a path on IM's Ansible master or a "
-                      "file of the tf_node role (default harness.tar.gz)",
-}
-
-
 @dataclass(frozen=True)
 class AdoptedNode:
     """An existing host for IM's DeployedNode connector."""
@@ -95,51 +79,45 @@ class Credentials:
         return f"Credentials(username={self.username!r}, public_key=..., private_key=<{len(self.private_key)} chars>)"
 
 
-# -- value checks ---------------------------------------------------------------------------------
-def check_image_url(field: str, value: Any) -> str:
-    allowed = "a single image URL scheme://..., without spaces, quotes, backslashes or commas (e.g. ost://site/ID)"
-    if not isinstance(value, str) or not _URL_RE.fullmatch(value):
-        raise ConfigError(field, value, allowed)
-    return value
+# -- value checks (the im provider's options model uses them too) ------------------------------------
+_IMAGE_URL = "a single image URL scheme://..., without spaces, quotes, backslashes or commas (e.g. ost://site/ID)"
+image_url_check = matching_check(_URL_RE, _IMAGE_URL)
+optional_image_url_check = matching_check(_URL_RE, _IMAGE_URL, optional=True)
+instance_type_check = matching_check(_INSTANCE_RE, "an instance type name: letters, digits, '.', '_', ':', '/', '-'",
+                                     optional=True)
+cloud_id_check = matching_check(_CLOUD_ID_RE, "an auth-file id: letters, digits, '_', '.', '-'", optional=True)
+bundle_check = matching_check(_BUNDLE_RE, "a file path: letters, digits, '_', '.', '/', '-'")
 
 
-def check_memory(field: str, value: Any) -> str:
+def memory_check(value: Any) -> str:
     """'8G', '4096M', '8 GiB' -> RADL '8G', '4096M', '8GIB'."""
-    allowed = "an integer with a unit (K, M, G, T, optionally with B or iB), e.g. 4096M or 8G"
     m = _MEMORY_RE.fullmatch(str(value).strip()) if isinstance(value, str | int) else None
     if not m or int(m.group(1)) < 1:
-        raise ConfigError(field, value, allowed)
+        refuse("an integer with a unit (K, M, G, T, optionally with B or iB), e.g. 4096M or 8G")
     return f"{int(m.group(1))}{m.group(2).upper()}"
 
 
-def check_cpu(field: str, value: Any) -> int:
-    allowed = "an integer from 1 to 1024"
+def cpu_check(value: Any) -> int:
     text = str(value).strip()
     if isinstance(value, bool) or not re.fullmatch(r"\d{1,4}", text) or not 1 <= int(text) <= 1024:
-        raise ConfigError(field, value, allowed)
+        refuse("an integer from 1 to 1024")
     return int(text)
 
 
-def check_instance_type(field: str, value: Any) -> str:
-    if value in (None, ""):
-        return ""
-    if not isinstance(value, str) or not _INSTANCE_RE.fullmatch(value):
-        raise ConfigError(field, value, "an instance type name: letters, digits, '.', '_', ':', '/', '-'")
-    return value
-
-
-def check_http_url(field: str, value: Any) -> str:
+def http_url_check(value: Any) -> str:
     if value in (None, ""):
         return ""
     if not isinstance(value, str) or not _HTTP_URL_RE.fullmatch(value):
-        raise ConfigError(field, value, "an http(s):// URL without spaces, quotes, backslashes, commas or '|'")
+        refuse("an http(s):// URL without spaces, quotes, backslashes, commas or '|'")
     return value.rstrip("/")
 
 
-def _check(pattern: re.Pattern, field: str, value: Any, allowed: str) -> str:
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise ConfigError(field, value, allowed)
-    return value
+def checked(field: str, check: Callable[[Any], Any], value: Any) -> Any:
+    """``check(value)`` for a value outside the options model, its refusal as the ConfigError naming ``field``."""
+    try:
+        return check(value)
+    except PydanticCustomError as exc:
+        raise ConfigError(field, value, exc.context["allowed"]) from None
 
 
 def outports(cidrs: list[str]) -> str:
@@ -185,78 +163,81 @@ def _group_exprs(role: str, systems: list[str], tf_port: int) -> tuple[str, str]
     return index, spec
 
 
-def context(spec: RunSpec, options: dict[str, str] | None = None, *, adopted: list[AdoptedNode] | None = None,
+def _im():
+    """The im provider's class, whose options model checks the options read here (that module imports this
+    one, so it is imported when first needed)."""
+    from .providers.im import ImProvider
+
+    return ImProvider
+
+
+def _ssh_user(credentials: Credentials | None) -> str:
+    """The user IM is told about; the keys are checked too ('' without credentials)."""
+    if not credentials:
+        return ""
+    user = checked("ssh.user", matching_check(_USER_RE, "a Unix user name"), credentials.username)
+    if credentials.public_key:
+        checked("ssh public key", matching_check(_PUBKEY_RE, "an OpenSSH public key line"),
+                credentials.public_key.strip())
+    if credentials.private_key:
+        _private_key(credentials.private_key)
+    return user
+
+
+def _members(spec: RunSpec, role: str, base: dict, image: str, adopted: list[AdoptedNode] | None) -> list[dict]:
+    """The systems of one role: one that deploys ``count`` cloud VMs, or one per adopted node."""
+    count = spec.count(role)
+    if adopted is None:
+        if not image:
+            raise ConfigError(f"nodes.{role}.image", "", "an image URL here or in provider_options.image_url "
+                              "(IM needs disk.0.image.url for every system)")
+        return [dict(base, name=role, count=count, ip="", image_url=image, hostname=f"{spec.cluster}-{role}-#N#",
+                     summary=f"{count} x {role}")]
+    nodes = sorted((n for n in adopted if n.role == role), key=lambda n: n.index)
+    if len(nodes) != count:
+        raise ProvisionError(f"{len(nodes)} {role} nodes to adopt, the configuration asks for {count}")
+    members = []
+    for n in nodes:
+        try:
+            ip = str(ipaddress.ip_address(n.ip))
+        except ValueError:
+            raise ProvisionError(f"node {n.name} has no valid address ({n.ip!r})") from None
+        members.append(dict(base, name=f"{role}_{n.index}", count=1, ip=ip,
+                            image_url=checked(f"nodes.{role}.image", image_url_check,
+                                              image or f"local://{spec.cluster}/{n.name}"),
+                            hostname=n.name, summary=f"{n.name} (adopted, {ip})"))
+    return members
+
+
+def _systems(spec: RunSpec, opts, adopted: list[AdoptedNode] | None, user: str) -> tuple[list[dict], list[dict]]:
+    """The RADL systems and the roles (with the Ansible expressions IM's inventory needs) of the run."""
+    systems, roles = [], []
+    for role in ROLES:
+        if not spec.count(role):
+            continue
+        node = spec.nodes[role]
+        image = checked(f"nodes.{role}.image", image_url_check, node.image) if node.image else opts.image_url or ""
+        base = {"role": role, "cpu": opts.cpu_of(role), "memory": opts.memory_of(role), "gpus": node.gpus,
+                "instance_type": checked(f"nodes.{role}.instance_type", instance_type_check, node.instance_type),
+                "ssh_user": user}
+        members = _members(spec, role, base, image, adopted)
+        systems += members
+        names = [m["name"] for m in members]
+        index_expr, spec_expr = _group_exprs(role, names, spec.network.tf_port)
+        roles.append({"name": role, "systems": names, "gpus": node.gpus, "tensorflow_package": package_for(node.gpus),
+                      "index_expr": index_expr, "spec_expr": spec_expr})
+    return systems, roles
+
+
+def context(spec: RunSpec, options: Mapping[str, str] | None = None, *, adopted: list[AdoptedNode] | None = None,
             credentials: Credentials | None = None, contextualize: str = "tfcluster", token: str = "") -> dict:
     """The template's variables, every one checked (ConfigError names the configuration field)."""
-    opts = dict(spec.provider_options if options is None else options)
+    opts = _im().parse_options(spec.provider_options if options is None else options)
     if token and not re.fullmatch(r"[0-9a-f]{8,64}", token):
         raise ProvisionError("the RADL token must be hex")
     if contextualize not in CONTEXTUALIZE_MODES:
         raise ConfigError("contextualize", contextualize, "one of " + ", ".join(CONTEXTUALIZE_MODES))
-    tf_port = spec.network.tf_port
-    cpu = check_cpu("provider_options.cpu", opts.get("cpu", DEFAULT_CPU))
-    memory = check_memory("provider_options.memory", opts.get("memory", DEFAULT_MEMORY))
-    default_image = opts.get("image_url", "")
-    if default_image:
-        check_image_url("provider_options.image_url", default_image)
-    cloud_id = opts.get("cloud_id", "")
-    if cloud_id:
-        _check(_CLOUD_ID_RE, "provider_options.cloud_id", cloud_id, "an auth-file id: letters, digits, '_', '.', '-'")
-    user = ""
-    if credentials:
-        user = _check(_USER_RE, "ssh.user", credentials.username, "a Unix user name")
-        if credentials.public_key:
-            _check(_PUBKEY_RE, "ssh public key", credentials.public_key.strip(), "an OpenSSH public key line")
-        if credentials.private_key:
-            _private_key(credentials.private_key)
-
-    systems, roles = [], []
-    for role in ROLES:
-        count = spec.count(role)
-        if not count:
-            continue
-        role_cpu = check_cpu(f"provider_options.{role}_cpu", opts[f"{role}_cpu"]) if f"{role}_cpu" in opts else cpu
-        role_memory = (check_memory(f"provider_options.{role}_memory", opts[f"{role}_memory"])
-                       if f"{role}_memory" in opts else memory)
-        image = spec.nodes[role].image
-        if image:
-            image = check_image_url(f"nodes.{role}.image", image)
-        else:
-            image = default_image
-        gpus = spec.nodes[role].gpus
-        base = {"role": role, "cpu": role_cpu, "memory": role_memory, "gpus": gpus,
-                "instance_type": check_instance_type(f"nodes.{role}.instance_type",
-                                                     spec.nodes[role].instance_type),
-                "ssh_user": user}
-        if adopted is None:
-            if not image:
-                raise ConfigError(f"nodes.{role}.image", "", "an image URL here or in provider_options.image_url "
-                                  "(IM needs disk.0.image.url for every system)")
-            members = [dict(base, name=role, count=count, ip="", image_url=image,
-                            hostname=f"{spec.cluster}-{role}-#N#",
-                            summary=f"{count} x {role}")]
-        else:
-            nodes = sorted((n for n in adopted if n.role == role), key=lambda n: n.index)
-            if len(nodes) != count:
-                raise ProvisionError(f"{len(nodes)} {role} nodes to adopt, the configuration asks for {count}")
-            members = []
-            for n in nodes:
-                try:
-                    ip = str(ipaddress.ip_address(n.ip))
-                except ValueError:
-                    raise ProvisionError(f"node {n.name} has no valid address ({n.ip!r})") from None
-                members.append(dict(base, name=f"{role}_{n.index}", count=1, ip=ip,
-                                    image_url=check_image_url(f"nodes.{role}.image", image or
-                                                              f"local://{spec.cluster}/{n.name}"),
-                                    hostname=n.name, summary=f"{n.name} (adopted, {ip})"))
-        systems += members
-        roles.append({"name": role, "systems": [m["name"] for m in members], "gpus": gpus,
-                      "tensorflow_package": package_for(gpus)})
-    for r in roles:
-        r["index_expr"], r["spec_expr"] = _group_exprs(r["name"], r["systems"], tf_port)
-    wheelhouse_url = check_http_url("provider_options.wheelhouse_url", opts.get("wheelhouse_url", ""))
-
-    total = sum(s["count"] for s in systems)
+    systems, roles = _systems(spec, opts, adopted, _ssh_user(credentials))
     return {
         "cluster": spec.cluster,
         "token": token,
@@ -264,20 +245,18 @@ def context(spec: RunSpec, options: dict[str, str] | None = None, *, adopted: li
         "systems": systems,
         "roles": roles,
         "project_roles": PROJECT_ROLES,
-        "node_total": total,
+        "node_total": sum(s["count"] for s in systems),
         "outports": _ssh_outports(spec, adopted),
-        "tf_port": tf_port,
+        "tf_port": spec.network.tf_port,
         "tensorflow_version": spec.tensorflow.version,
-        "roles_url": check_http_url("provider_options.roles_url", opts.get("roles_url", "")),
-        "wheelhouse_url": wheelhouse_url,
+        "roles_url": opts.roles_url or "",
+        "wheelhouse_url": opts.wheelhouse_url or "",
         # without a wheelhouse the tensorflow role must use the node's package index (its "wheelhouse" source
         # refuses an empty URL)
-        "tensorflow_source": "wheelhouse" if wheelhouse_url else "index",
-        "harness_bundle": _check(_BUNDLE_RE, "provider_options.harness_bundle",
-                                 opts.get("harness_bundle", "harness.tar.gz"), "a file path: letters, digits, "
-                                 "'_', '.', '/', '-'"),
+        "tensorflow_source": "wheelhouse" if opts.wheelhouse_url else "index",
+        "harness_bundle": opts.harness_bundle,
         "harness_bundle_id": bundle_id(spec),
-        "cloud_id": cloud_id,
+        "cloud_id": opts.cloud_id or "",
         "public_key": credentials.public_key.strip() if credentials and credentials.public_key else "",
         "private_key": credentials.private_key if credentials else "",
         "contextualize": contextualize,
@@ -355,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.contextualize == "im":
             for key in ("roles_url", "wheelhouse_url"):
                 if not opts.get(key):
-                    print(f"radl_render: note: provider_options.{key} is empty; it is {OPTIONS[key]}",
+                    print(f"radl_render: note: provider_options.{key} is empty; it is {_im().options[key]}",
                           file=sys.stderr)
     except (ConfigError, ProvisionError) as exc:
         print(f"radl_render: error: {exc}", file=sys.stderr)

@@ -18,16 +18,16 @@ from pathlib import Path
 import hcl2
 import pytest
 
+from tfcluster.errors import ConfigError
 from tfcluster.paths import TERRAFORM_DIR
-from tfcluster.providers.gcp import _CHECKS as GCP_CHECKS
+from tfcluster.providers.aws import AwsProvider
 from tfcluster.providers.gcp import GcpProvider
-from tfcluster.providers.openstack import _CHECKS as OPENSTACK_CHECKS
 from tfcluster.providers.openstack import OpenstackProvider
 from tfcluster.terraform import TERRAFORM_BIN
 
 MODULES = {"gcp": TERRAFORM_DIR / "gcp", "openstack": TERRAFORM_DIR / "openstack"}
-PROVIDERS = {"gcp": GcpProvider, "openstack": OpenstackProvider}
-CHECKS = {"gcp": GCP_CHECKS, "openstack": OPENSTACK_CHECKS}
+#: the modules whose provider_options a provider class checks first (in Python) and the module again (in HCL)
+PROVIDERS = {"aws": AwsProvider, "gcp": GcpProvider, "openstack": OpenstackProvider}
 SOURCES = {"gcp": "hashicorp/google", "openstack": "terraform-provider-openstack/openstack"}
 _HCL = hcl2.SerializationOptions(with_comments=False, explicit_blocks=False, strip_string_quotes=True)
 
@@ -47,7 +47,7 @@ def load(path: Path) -> dict:
 def module_config(name: str) -> dict[str, list]:
     """Top-level blocks of a module's .tf files (not its examples), merged by block kind."""
     merged: dict[str, list] = {}
-    for path in sorted(MODULES[name].glob("*.tf")):
+    for path in sorted((TERRAFORM_DIR / name).glob("*.tf")):
         for kind, blocks in load(path).items():
             merged.setdefault(kind, []).extend(blocks)
     return merged
@@ -106,12 +106,118 @@ def test_readme_says_verified_statically_only(name):
     assert "Verified statically only" in text and "not been applied" in text
 
 
-@pytest.mark.parametrize("name", MODULES)
-def test_option_keys_agree_between_module_and_provider_class(name):
+def option_validations(name: str) -> list[str]:
     variables = {k: v for block in module_config(name)["variable"] for k, v in block.items()}
-    condition = variables["provider_options"]["validation"][0]["condition"]
+    return [v["condition"] for v in variables["provider_options"]["validation"]]
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+def test_option_keys_agree_between_module_and_provider_class(name):
+    condition = option_validations(name)[0]
     listed = set(re.findall(r'\\?"([a-z_]+)\\?"', condition.split("contains(", 1)[1]))
-    assert listed == set(PROVIDERS[name].options) == set(CHECKS[name])
+    assert listed == set(PROVIDERS[name].options_model.model_fields) == set(PROVIDERS[name].options)
+
+
+# --- option values: the module's regex validations and the provider's model agree ----------------------
+
+_HCL_STRING = r'"((?:[^"\\]|\\.)*)"'
+#: can(regex("PATTERN", lookup(var.provider_options, "KEY" or k, "DEFAULT")))
+_REGEX_ON_OPTION = re.compile(rf'can\(regex\({_HCL_STRING}, lookup\(var\.provider_options, (?:"(\w+)"|k), '
+                              rf'{_HCL_STRING}\)\)\)')
+_FOR_KEYS = re.compile(r"alltrue\(\[for k in \[([^\]]*)\] :\s*(.*)\]\)", re.S)
+
+
+def _unescape(text: str) -> str:
+    """An HCL string literal's text (the pattern RE2 sees)."""
+    return re.sub(r'\\(["\\nrt])', lambda m: {"n": "\n", "r": "\r", "t": "\t"}.get(m[1], m[1]), text)
+
+
+def regex_validations(name: str) -> dict[str, tuple[str, bool]]:
+    """Option -> (the pattern of a module validation ``can(regex(PATTERN, lookup(var.provider_options, KEY, ..)))``,
+    whether regexes are the whole of that validation or only a part, e.g. digits besides a range)."""
+    found = {}
+    for condition in option_validations(name):
+        matches = list(_REGEX_ON_OPTION.finditer(condition))
+        loop = _FOR_KEYS.search(condition)
+        loop_keys = re.findall(r'"(\w+)"', loop[1]) if loop else []
+        rest = _REGEX_ON_OPTION.sub("", _FOR_KEYS.sub(lambda m: m[2], condition))
+        whole = re.fullmatch(r"[\s${}&]*", rest) is not None
+        for m in matches:
+            for key in [m[2]] if m[2] else loop_keys:
+                found[key] = (_unescape(m[1]), whole)
+    return found
+
+
+_OPENSTACK_NAME = {"good": ["", "public", "my site", "x" * 255], "bad": ["a\nb", "a\rb", "x" * 256]}
+#: option -> good values (both sides accept), bad values (the model refuses them, and the module's regex too
+#: when it is the whole validation), context (other options the value needs), stricter (values the module's
+#: regex accepts and the model refuses: Python is stricter, never the other way round)
+SAMPLES = {
+    "aws": {
+        "region": {"good": ["us-east-1", "eu-west-3", "us-gov-west-1"],
+                   "bad": ["", "moon-1", "US-EAST-1", "us-east-1a", "us-east-12", "us_east_1", "us-east-1\n"]},
+        "vpc_id": {"good": ["vpc-0123abcd", "vpc-0123456789abcdef0"], "context": {"subnet_id": "subnet-0123abcd"},
+                   "bad": ["vpc-0123", "vpc-0123456789abcdef", "vpc-0123ABCD", "subnet-0123abcd", "vpc-0123abcd "],
+                   "stricter": [""]},
+        "subnet_id": {"good": ["subnet-0123abcd", "subnet-0123456789abcdef0"],
+                      "bad": ["subnet-xyz", "sub-0123abcd", "subnet-0123abcd0"], "stricter": [""]},
+        "availability_zone": {"good": ["us-east-1a", "eu-west-3c"],
+                              "bad": ["us-east-1", "us-east-1-a", "US-EAST-1A"], "stricter": [""]},
+        "endpoint": {"good": ["http://127.0.0.1:5000", "https://moto.example.org/", "http://[::1]:5000"],
+                     "bad": ["ftp://127.0.0.1:1", "http://host/path", "127.0.0.1:5000", "http://a b"],
+                     "stricter": [""]},
+        "root_volume_gb": {"good": ["8", "50", "16384"], "bad": ["", "-1", "8.0", " 50", "+50", "fifty", "7", "16385"]},
+    },
+    "gcp": {
+        "project": {"good": ["my-project-123", "abcdef", "a" + "b" * 29],
+                    "bad": ["", "My-Project", "1project", "proj", "my-project-", "a" + "b" * 30]},
+        "zone": {"good": ["us-central1-a", "europe-west4-b"],
+                 "bad": ["", "us-central1", "europe-west4", "us-central-a", "US-central1-a"]},
+        "network": {"good": ["", "default", "projects/p/global/networks/n"], "bad": ["-net", "my net", "net\n"]},
+        "subnetwork": {"good": ["", "lab", "regions/us-central1/subnetworks/lab"], "context": {"network": "n"},
+                       "bad": ["/lab", "my lab"]},
+        "service_account_email": {"good": ["", "nodes@my-project-123.iam.gserviceaccount.com"],
+                                  "bad": ["me@example.com", "Nodes@p.iam.gserviceaccount.com"]},
+        "gpu_type": {"good": ["nvidia-tesla-t4", "nvidia-l4"], "bad": ["", "nvidia-", "tesla-t4", "NVIDIA-L4"]},
+    },
+    "openstack": {
+        "cloud": _OPENSTACK_NAME,
+        "region": _OPENSTACK_NAME,
+        "external_network": {**_OPENSTACK_NAME, "context": {"network": "lab", "floating_ip": "false"}},
+        "network": _OPENSTACK_NAME,
+        "flavor": {**_OPENSTACK_NAME, "good": ["", "m1.large", "x" * 255], "stricter": ["m1 large"]},
+        "availability_zone": _OPENSTACK_NAME,
+    },
+}
+#: what every sample adds unless its own context says otherwise (options a provider requires)
+BASE_OPTIONS = {"aws": {}, "gcp": {"project": "my-project-123"}, "openstack": {"external_network": "public"}}
+
+
+def model_accepts(name: str, key: str, value: str, context: dict) -> bool:
+    try:
+        PROVIDERS[name].parse_options({**BASE_OPTIONS[name], **context, key: value})
+    except ConfigError as exc:
+        assert exc.field == f"provider_options.{key}", f"the sample's context is refused: {exc}"
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+def test_module_regexes_and_provider_model_agree_on_values(name):
+    validations = regex_validations(name)
+    assert validations and set(validations) == set(SAMPLES[name]), "a sample table per regex-validated option"
+    for key, (pattern, whole) in validations.items():
+        samples = SAMPLES[name][key]
+        context = samples.get("context", {})
+        for value in samples["good"]:
+            assert re.fullmatch(pattern, value), (key, value, "the module refuses a good value")
+            assert model_accepts(name, key, value, context), (key, value, "the model refuses a good value")
+        for value in samples["bad"]:
+            assert not model_accepts(name, key, value, context), (key, value, "the model accepts a bad value")
+            if whole:
+                assert not re.fullmatch(pattern, value), (key, value, "the module accepts what the model refuses")
+        for value in samples.get("stricter", []):
+            assert re.fullmatch(pattern, value) and not model_accepts(name, key, value, context), (key, value)
 
 
 # --- GCP: firewall intent --------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def test_gcp_bad_option_values_refused(tmp_path, options, field):
     ({"public_ip": "false"}, "provider_options.public_ip", "Cloud NAT"),
     ({"public_ip": "false", "network": "shared"}, "provider_options.network_has_nat", "network shared has Cloud NAT"),
     ({"public_ip": "false", "network": "shared", "network_has_nat": "yes"}, "provider_options.network_has_nat",
-     "true or false"),
+     '"true" or "false"'),
 ])
 def test_gcp_nodes_without_external_addresses_need_nat(tmp_path, options, field, fragment):
     err = refused("gcp", tmp_path, provider_options={"project": "my-project-123", **options})

@@ -6,14 +6,15 @@ instance role): nothing here reads, writes or passes a key. boto3 is imported on
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 
-from ..config import ROLES, RunSpec
+from pydantic import Field, model_validator
+
+from ..config import ROLES, Checked, RunSpec, ipv4_network_check, matching_check, true_false_check, whole_number_check
 from ..errors import ConfigError
 from ..tfsupport import DefaultImage
-from .base import TerraformProvider, register
+from .base import ProviderOptions, TerraformProvider, register
 
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 _AZ_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
@@ -22,52 +23,68 @@ _SUBNET_RE = re.compile(r"^subnet-[0-9a-f]{8}([0-9a-f]{9})?$")
 _AMI_RE = re.compile(r"^ami-[0-9a-f]{8}([0-9a-f]{9})?$")
 _TYPE_RE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _ENDPOINT_RE = re.compile(r"^https?://[A-Za-z0-9.:\[\]-]+(:\d{1,5})?/?$")
-_BOOL = ("true", "false")
 
 #: the tag every resource of a cluster carries (also what ``leftovers`` looks for)
 CLUSTER_TAG = "tfcluster:cluster"
 
-
-def _bool(field, value):
-    if value not in _BOOL:
-        raise ConfigError(field, value, '"true" or "false"')
+_Switch = Checked(true_false_check) | None
 
 
-def _match(pattern: re.Pattern, allowed: str):
-    def check(field, value):
-        if not pattern.fullmatch(value):
-            raise ConfigError(field, value, allowed)
+class AwsOptions(ProviderOptions):
+    """provider_options on aws (mirrors the validations of terraform/aws/variables.tf)."""
 
-    return check
+    region: Checked(matching_check(_REGION_RE, "an AWS region name such as us-east-1 or eu-west-3")) | None = \
+        Field(None, description="AWS region of the nodes (default: storage.region)")
+    vpc_id: Checked(matching_check(_VPC_RE, "a VPC id such as vpc-0123456789abcdef0")) | None = Field(
+        None, description="an existing VPC; needs subnet_id (only checked against the subnet's VPC)")
+    subnet_id: Checked(matching_check(_SUBNET_RE, "a subnet id such as subnet-0123456789abcdef0")) | None = Field(
+        None, description="an existing subnet for the nodes (default: a small VPC, subnet, internet gateway and "
+                          "route are created)")
+    vpc_cidr: Checked(ipv4_network_check("an IPv4 network from /16 to /24 in canonical form, e.g. 10.42.0.0/16",
+                                         prefixlen=(16, 24), canonical=True)) | None = Field(
+        None, description="network of the created VPC, /16 to /24 (default 10.42.0.0/16; its first /24 is the "
+                          "subnet)")
+    availability_zone: Checked(matching_check(_AZ_RE, "an availability zone name such as us-east-1a")) | None = \
+        Field(None, description="zone of the created subnet (default: the first zone offering every instance type)")
+    associate_public_ip: _Switch = Field(
+        None, description='"true"/"false": public addresses for SSH from the controller (default: a created subnet '
+                          "gives them, a given subnet keeps its own setting)")
+    subnet_has_nat: _Switch = Field(
+        None, description='"true": the given subnet routes instances without public addresses to the internet '
+                          "(a NAT gateway or instance); required with associate_public_ip false")
+    spot: _Switch = Field(
+        None, description='"true"/"false": one-time spot instances that terminate on interruption (default "false")')
+    root_volume_gb: Checked(whole_number_check(8, 16384, "a whole number of GiB from 8 to 16384")) | None = Field(
+        None, description="root volume size in GiB, 8-16384 (default 50; gp3, encrypted)")
+    endpoint: Checked(matching_check(_ENDPOINT_RE, "an http(s)://host[:port] URL of an AWS API emulator "
+                                                   "(tests only)")) | None = Field(
+        None, description="URL of an AWS API emulator (moto) for ec2, iam, sts and s3; tests only")
 
-
-def _root_volume(field, value):
-    if not re.fullmatch(r"\d+", value) or not 8 <= int(value) <= 16384:
-        raise ConfigError(field, value, "a whole number of GiB from 8 to 16384")
-
-
-def _vpc_cidr(field, value):
-    allowed = "an IPv4 network from /16 to /24 in canonical form, e.g. 10.42.0.0/16"
-    try:
-        net = ipaddress.ip_network(value, strict=True)
-    except ValueError:
-        raise ConfigError(field, value, allowed) from None
-    if net.version != 4 or not 16 <= net.prefixlen <= 24:
-        raise ConfigError(field, value, allowed)
-
-
-_OPTION_CHECKS = {
-    "region": _match(_REGION_RE, "an AWS region name such as us-east-1 or eu-west-3"),
-    "vpc_id": _match(_VPC_RE, "a VPC id such as vpc-0123456789abcdef0"),
-    "subnet_id": _match(_SUBNET_RE, "a subnet id such as subnet-0123456789abcdef0"),
-    "vpc_cidr": _vpc_cidr,
-    "availability_zone": _match(_AZ_RE, "an availability zone name such as us-east-1a"),
-    "associate_public_ip": _bool,
-    "subnet_has_nat": _bool,
-    "spot": _bool,
-    "root_volume_gb": _root_volume,
-    "endpoint": _match(_ENDPOINT_RE, "an http(s)://host[:port] URL of an AWS API emulator (tests only)"),
-}
+    @model_validator(mode="after")
+    def _network_rules(self) -> AwsOptions:
+        """The network options that go together (a given subnet, or a created VPC; private nodes need NAT)."""
+        if self.vpc_id and not self.subnet_id:
+            raise ConfigError("provider_options.vpc_id", self.vpc_id,
+                              "only together with provider_options.subnet_id (the subnet the nodes go into); "
+                              "give neither to create a small VPC")
+        if self.subnet_id:
+            for key in ("vpc_cidr", "availability_zone"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"provider_options.{key}", getattr(self, key),
+                                      "nothing when provider_options.subnet_id is given (the subnet decides)")
+        if self.associate_public_ip == "false":
+            reason = ("without a public address an instance reaches apt and PyPI only through a NAT gateway, "
+                      "which the created network does not have")
+            if not self.subnet_id:
+                raise ConfigError("provider_options.associate_public_ip", "false",
+                                  '"true" or unset, or "false" with a provider_options.subnet_id that has NAT '
+                                  f"({reason})")
+            if self.subnet_has_nat != "true":
+                raise ConfigError("provider_options.subnet_has_nat", self.subnet_has_nat or "",
+                                  '"true" with associate_public_ip "false": state that subnet '
+                                  f"{self.subnet_id} routes to the internet through NAT (without it the nodes "
+                                  "cannot install packages; the controller must also reach their private addresses)")
+        return self
 
 
 @register
@@ -76,21 +93,7 @@ class AwsProvider(TerraformProvider):
     requires_ssh_cidrs = True
     halts_vm = True
     default_image = DefaultImage("Debian 12 (official AMI of account 136693071363, amd64 or arm64)", "3.11", "admin")
-    options = {
-        "region": "AWS region of the nodes (default: storage.region)",
-        "vpc_id": "an existing VPC; needs subnet_id (only checked against the subnet's VPC)",
-        "subnet_id": "an existing subnet for the nodes (default: a small VPC, subnet, internet gateway and "
-                     "route are created)",
-        "vpc_cidr": "network of the created VPC, /16 to /24 (default 10.42.0.0/16; its first /24 is the subnet)",
-        "availability_zone": "zone of the created subnet (default: the first zone offering every instance type)",
-        "associate_public_ip": '"true"/"false": public addresses for SSH from the controller (default: a '
-                               "created subnet gives them, a given subnet keeps its own setting)",
-        "subnet_has_nat": '"true": the given subnet routes instances without public addresses to the internet '
-                          "(a NAT gateway or instance); required with associate_public_ip false",
-        "spot": '"true"/"false": one-time spot instances that terminate on interruption (default "false")',
-        "root_volume_gb": "root volume size in GiB, 8-16384 (default 50; gp3, encrypted)",
-        "endpoint": "URL of an AWS API emulator (moto) for ec2, iam, sts and s3; tests only",
-    }
+    options_model = AwsOptions
     unsupported = {
         "network.subnet": "it names the local provider's bridge network; on aws use provider_options.subnet_id "
                           "(an existing subnet) or provider_options.vpc_cidr (the created VPC)",
@@ -99,30 +102,6 @@ class AwsProvider(TerraformProvider):
     def check(self, spec: RunSpec) -> None:
         """Refuse what terraform/aws cannot do, before anything is created (ConfigError, exit 2)."""
         super().check(spec)
-        opts = spec.provider_options
-        for key, value in opts.items():
-            _OPTION_CHECKS[key](f"provider_options.{key}", value)
-        if opts.get("vpc_id") and not opts.get("subnet_id"):
-            raise ConfigError("provider_options.vpc_id", opts["vpc_id"],
-                              "only together with provider_options.subnet_id (the subnet the nodes go into); "
-                              "give neither to create a small VPC")
-        if opts.get("subnet_id"):
-            for key in ("vpc_cidr", "availability_zone"):
-                if key in opts:
-                    raise ConfigError(f"provider_options.{key}", opts[key],
-                                      "nothing when provider_options.subnet_id is given (the subnet decides)")
-        if opts.get("associate_public_ip") == "false":
-            reason = ("without a public address an instance reaches apt and PyPI only through a NAT gateway, "
-                      "which the created network does not have")
-            if not opts.get("subnet_id"):
-                raise ConfigError("provider_options.associate_public_ip", "false",
-                                  '"true" or unset, or "false" with a provider_options.subnet_id that has NAT '
-                                  f"({reason})")
-            if opts.get("subnet_has_nat") != "true":
-                raise ConfigError("provider_options.subnet_has_nat", opts.get("subnet_has_nat", ""),
-                                  '"true" with associate_public_ip "false": state that subnet '
-                                  f'{opts["subnet_id"]} routes to the internet through NAT (without it the nodes '
-                                  "cannot install packages; the controller must also reach their private addresses)")
         if spec.network.subnet != "auto":
             raise ConfigError("network.subnet", spec.network.subnet,
                               f"'auto' on aws ({self.unsupported['network.subnet']})")
@@ -138,7 +117,7 @@ class AwsProvider(TerraformProvider):
 
     def provider_options(self, spec: RunSpec) -> dict[str, str]:
         """The user's options as strings for the module; the region defaults to the bucket's."""
-        opts = {k: str(v) for k, v in spec.provider_options.items()}
+        opts = self.options_for(spec).model_dump(exclude_none=True)
         opts.setdefault("region", spec.storage.region)
         return opts
 

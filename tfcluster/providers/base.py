@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ..config import ROLES, RunSpec
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..config import ROLES, RunSpec, config_error
 from ..errors import ConfigError, ProvisionError
 from ..paths import TERRAFORM_DIR, ClusterState
 from ..terraform import TerraformModule
@@ -58,13 +61,29 @@ def read_nodes(path: Path) -> list[Node]:
     return [Node.from_dict(d) for d in json.loads(path.read_text())]
 
 
+class ProviderOptions(BaseModel):
+    """A provider's ``provider_options``, typed: one field per option, each with the ``description`` users read
+    (mostly ``str | None``: None = not given, so the provider's or module's default applies; values the module
+    receives stay the user's text). Unknown keys are refused; values are read-only once checked. The base model
+    itself has no fields: a provider without user options (local: its module's options are internal)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def descriptions(cls) -> dict[str, str]:
+        """Each option and its meaning (error messages, READMEs and tests read this)."""
+        return {name: info.description or "" for name, info in cls.model_fields.items()}
+
+
 class Provider(ABC):
     """Base class. ``up`` returns the nodes; ``down`` removes everything; ``leftovers`` proves it."""
 
     name: ClassVar[str] = ""
     #: features this provider cannot offer, with the reason a user sees
     unsupported: ClassVar[dict[str, str]] = {}
-    #: the keys this provider accepts in the configuration's provider_options, with their meaning
+    #: the model of this provider's provider_options (the base model: none)
+    options_model: ClassVar[type[ProviderOptions]] = ProviderOptions
+    #: the keys this provider accepts in provider_options, with their meaning (from options_model's descriptions)
     options: ClassVar[dict[str, str]] = {}
     #: what `down` proved gone, in the words of this provider
     gone: ClassVar[str] = "no node or cloud resource of it remains"
@@ -74,15 +93,35 @@ class Provider(ABC):
     #: host's kernel, and `shutdown` there would halt the controller's machine)
     halts_vm: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.options = cls.options_model.descriptions()
+
     def __init__(self, state: ClusterState):
         self.state = state
 
+    @classmethod
+    def options_for(cls, spec: RunSpec) -> ProviderOptions:
+        """The spec's provider_options as this provider's model (ConfigError names the option, exit 2)."""
+        return cls.parse_options(spec.provider_options)
+
+    @classmethod
+    def parse_options(cls, options: Mapping[str, str]) -> ProviderOptions:
+        """Options (names to strings) as this provider's model; the first bad one raises ConfigError."""
+        try:
+            return cls.options_model.model_validate(dict(options))
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+            err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])  # unknown keys first
+            if err["type"] == "extra_forbidden":
+                allowed = ", ".join(sorted(cls.options)) or "none"
+                raise ConfigError(f"provider_options.{err['loc'][0]}", err["input"],
+                                  f"options of provider {cls.name}: {allowed}") from None
+            raise config_error(exc, cls.options_model, prefix="provider_options.") from None
+
     def check(self, spec: RunSpec) -> None:
         """Refuse a spec this provider cannot serve, before anything is created."""
-        for key, value in spec.provider_options.items():
-            if key not in self.options:
-                allowed = ", ".join(sorted(self.options)) or "none"
-                raise ConfigError(f"provider_options.{key}", value, f"options of provider {self.name}: {allowed}")
+        self.options_for(spec)
         for role in ROLES:
             if spec.count(role) and spec.nodes[role].gpus and "gpus" in self.unsupported:
                 raise ConfigError(f"nodes.{role}.gpus", spec.nodes[role].gpus,

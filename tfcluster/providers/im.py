@@ -28,12 +28,23 @@ import re
 import secrets
 import time
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field
 
 from .. import radl_render
-from ..config import ROLES, RunSpec
+from ..config import ROLES, Checked, RunSpec, matching_check, refuse, whole_number_check
 from ..errors import ConfigError, ProvisionError, TfclusterError
 from ..paths import ClusterState
-from .base import VM_HALT_MARGIN_MINUTES, Node, Provider, register
+from ..radl_render import (
+    bundle_check,
+    cloud_id_check,
+    cpu_check,
+    http_url_check,
+    memory_check,
+    optional_image_url_check,
+)
+from .base import VM_HALT_MARGIN_MINUTES, Node, Provider, ProviderOptions, register
 from .local import LocalProvider
 
 DEFAULT_TIMEOUT = 900
@@ -50,12 +61,78 @@ def _mask(text: str) -> str:
     return _KEY_RE.sub("<key>", text)
 
 
-def _truthy(field: str, value: str) -> bool:
-    if value.lower() in ("true", "yes", "1"):
+def _truthy(value) -> bool:
+    text = str(value).lower()
+    if text in ("true", "yes", "1"):
         return True
-    if value.lower() in ("", "false", "no", "0"):
+    if text in ("", "false", "no", "0"):
         return False
-    raise ConfigError(field, value, "true or false")
+    refuse("true or false")
+
+
+def _im_url(value):
+    return matching_check(_URL_RE, "an http(s)://host[:port][/path] URL", optional=True)(value).rstrip("/")
+
+
+def _auth_file(value):
+    """'' (not given) or an existing, readable file, as its absolute path."""
+    if value in (None, ""):
+        return ""
+    path = Path(str(value)).expanduser()
+    if not path.is_file() or not os.access(path, os.R_OK):
+        refuse("an existing, readable IM auth file")
+    return str(path.resolve())
+
+
+_Cpu = Annotated[int, BeforeValidator(cpu_check)]
+_Memory = Checked(memory_check)
+
+
+class ImOptions(ProviderOptions):
+    """provider_options on im: IM's endpoint and credentials, and what the RADL document reads."""
+
+    im_url: Checked(_im_url) | None = Field(
+        None, description="IM REST endpoint, e.g. https://im.example.org:8800 (required)")
+    auth_file: Checked(_auth_file) | None = Field(
+        None, description="IM auth file, one credential per line (required; must exist and be readable; its "
+                          "content is sent to IM only, never logged)")
+    adopt_local: Annotated[bool, BeforeValidator(_truthy)] = Field(
+        False, description="'true': create local-provider nodes first and let IM adopt them (DeployedNode), for "
+                           "tests and laptops; the auth file then needs a 'type = DeployedNode' line")
+    timeout: Annotated[int, BeforeValidator(whole_number_check(10, 86400, "seconds, an integer from 10 to 86400"))] \
+        = Field(DEFAULT_TIMEOUT, description="seconds to wait for IM to report the infrastructure configured "
+                                             f"(default {DEFAULT_TIMEOUT})")
+    image_url: Checked(optional_image_url_check) | None = Field(
+        None, description="disk.0.image.url of every node whose nodes.<role>.image is '' (e.g. ost://site/ID, "
+                          "one://server/ID, aws://region/ami-ID)")
+    cpu: _Cpu = Field(radl_render.DEFAULT_CPU, description=f"minimum vCPUs of every node (default "
+                                                             f"{radl_render.DEFAULT_CPU})")
+    memory: _Memory = Field(radl_render.DEFAULT_MEMORY, description="minimum memory of every node, an integer with "
+                            f"a unit such as 4096M or 8G (default {radl_render.DEFAULT_MEMORY})")
+    ps_cpu: _Cpu | None = Field(None, description="minimum vCPUs of the ps nodes (default: cpu)")
+    worker_cpu: _Cpu | None = Field(None, description="minimum vCPUs of the worker nodes (default: cpu)")
+    chief_cpu: _Cpu | None = Field(None, description="minimum vCPUs of the chief nodes (default: cpu)")
+    ps_memory: _Memory | None = Field(None, description="minimum memory of the ps nodes (default: memory)")
+    worker_memory: _Memory | None = Field(None, description="minimum memory of the worker nodes (default: memory)")
+    chief_memory: _Memory | None = Field(None, description="minimum memory of the chief nodes (default: memory)")
+    cloud_id: Checked(cloud_id_check) | None = Field(
+        None, description="the id of the auth-file line to deploy to (deploy <system> <n> <cloud_id>); '' lets IM "
+                          "choose")
+    roles_url: Checked(http_url_check) | None = Field(
+        None, description="for IM's own contextualization: base http(s) URL serving common.tar.gz, "
+                          "tensorflow.tar.gz and tf_node.tar.gz (the roles/ of this repository)")
+    wheelhouse_url: Checked(http_url_check) | None = Field(
+        None, description="for IM's own contextualization: URL the nodes read the TensorFlow wheelhouse from "
+                          "('' = each node installs from its package index)")
+    harness_bundle: Checked(bundle_check) = Field(
+        "harness.tar.gz", description="for IM's own contextualization: the harness bundle, a path on IM's Ansible "
+                                      "master or a file of the tf_node role (default harness.tar.gz)")
+
+    def cpu_of(self, role: str) -> int:
+        return getattr(self, f"{role}_cpu") or self.cpu
+
+    def memory_of(self, role: str) -> str:
+        return getattr(self, f"{role}_memory") or self.memory
 
 
 def auth_types(path: Path) -> list[str]:
@@ -241,45 +318,27 @@ class ImProvider(Provider):
     name = "im"
     gone = ("IM no longer lists its infrastructure (with adopt_local, no local node, namespace, bridge or node "
             "process remains either)")
-    options = {
-        "im_url": "IM REST endpoint, e.g. https://im.example.org:8800 (required)",
-        "auth_file": "IM auth file, one credential per line (required; must exist and be readable; its content "
-                     "is sent to IM only, never logged)",
-        "adopt_local": "'true': create local-provider nodes first and let IM adopt them (DeployedNode), for "
-                       "tests and laptops; the auth file then needs a 'type = DeployedNode' line",
-        "timeout": f"seconds to wait for IM to report the infrastructure configured (default {DEFAULT_TIMEOUT})",
-        **radl_render.OPTIONS,
-    }
+    options_model = ImOptions
 
     def __init__(self, state: ClusterState):
         super().__init__(state)
         self.record_path = state.dir / "im.json"
 
     # -- settings ---------------------------------------------------------------------------------
-    def _settings(self, spec: RunSpec) -> dict:
-        opts = spec.provider_options
-        url = opts.get("im_url", "")
-        if not url:
-            raise ConfigError("provider_options.im_url", url, "the IM REST endpoint, e.g. http://127.0.0.1:8800")
-        if not _URL_RE.fullmatch(url):
-            raise ConfigError("provider_options.im_url", url, "an http(s)://host[:port][/path] URL")
-        auth = opts.get("auth_file", "")
-        if not auth:
-            raise ConfigError("provider_options.auth_file", auth, "the path of an IM auth file")
-        path = Path(auth).expanduser()
-        if not path.is_file() or not os.access(path, os.R_OK):
-            raise ConfigError("provider_options.auth_file", auth, "an existing, readable IM auth file")
-        timeout = opts.get("timeout", str(DEFAULT_TIMEOUT))
-        if not re.fullmatch(r"\d{1,6}", timeout) or not 10 <= int(timeout) <= 86400:
-            raise ConfigError("provider_options.timeout", timeout, "seconds, an integer from 10 to 86400")
-        return {"im_url": url.rstrip("/"), "auth_file": str(path.resolve()),
-                "adopt_local": _truthy("provider_options.adopt_local", opts.get("adopt_local", "")),
-                "timeout": int(timeout)}
+    def settings(self, spec: RunSpec) -> ImOptions:
+        """The options, with what talking to IM needs (its URL and an auth file; rendering RADL needs neither)."""
+        opts = self.options_for(spec)
+        if not opts.im_url:
+            raise ConfigError("provider_options.im_url", opts.im_url or "",
+                              "the IM REST endpoint, e.g. http://127.0.0.1:8800")
+        if not opts.auth_file:
+            raise ConfigError("provider_options.auth_file", opts.auth_file or "", "the path of an IM auth file")
+        return opts
 
     def check(self, spec: RunSpec) -> None:
         super().check(spec)
-        s = self._settings(spec)
-        path = Path(s["auth_file"])
+        opts = self.settings(spec)
+        path = Path(opts.auth_file)
         types = auth_types(path)
         if "InfrastructureManager" not in types:
             raise ConfigError("provider_options.auth_file", str(path),
@@ -291,7 +350,7 @@ class ImProvider(Provider):
                               "none or 2.0: IM then speaks Keystone v2.0, which Keystone removed in Queens), e.g. "
                               "'id = site; type = OpenStack; host = https://keystone.example.org:5000; username = U; "
                               "password = P; tenant = PROJECT; domain = Default; auth_version = 3.x_password'")
-        if s["adopt_local"]:
+        if opts.adopt_local:
             if "DeployedNode" not in types:
                 raise ConfigError("provider_options.auth_file", str(path),
                                   "an auth file with a 'type = DeployedNode' line (adopt_local)")
@@ -343,17 +402,17 @@ class ImProvider(Provider):
 
     # -- lifecycle --------------------------------------------------------------------------------
     def up(self, spec: RunSpec, public_key: str) -> list[Node]:
-        s = self._settings(spec)
-        client = ImClient(s["im_url"], Path(s["auth_file"]))
-        say(f"IM {client.version()} at {s['im_url']}")
+        s = self.settings(spec)
+        client = ImClient(s.im_url, Path(s.auth_file))
+        say(f"IM {client.version()} at {s.im_url}")
         adopted = None
         options = dict(spec.provider_options)
-        if s["adopt_local"]:
+        if s.adopt_local:
             local_nodes = LocalProvider(self.state).up(_local_spec(spec), public_key)
             adopted = [radl_render.AdoptedNode(n.name, n.role, n.index, n.private_ip) for n in local_nodes]
             user = local_nodes[0].ssh_user  # the base image's user (sudo), as on a cloud image
             # the adopted systems go to the DeployedNode credential, whatever else the auth file holds
-            options.setdefault("cloud_id", (auth_ids(Path(s["auth_file"]), "DeployedNode") or [""])[0])
+            options.setdefault("cloud_id", (auth_ids(Path(s.auth_file), "DeployedNode") or [""])[0])
         else:
             user = spec.ssh.user or radl_render.DEFAULT_CLOUD_USER
         private_key = self.state.ssh_key.read_text()
@@ -362,14 +421,14 @@ class ImProvider(Provider):
         rec = self._record()
         if rec.get("inf_id") and self._reusable(client, rec, spec):
             say(f"IM infrastructure {rec['inf_id']} already provides this cluster")
-            return self._wait_and_read(client, rec["inf_id"], spec, s["timeout"], adopted)
+            return self._wait_and_read(client, rec["inf_id"], spec, s.timeout, adopted)
         if rec.get("inf_id") or rec.get("token"):
             self.down_im(quiet=True)
         token = secrets.token_hex(8)
         radl = radl_render.render(spec, options, adopted=adopted, token=token,
                                   credentials=radl_render.Credentials(user, public_key, private_key))
-        rec = {"cluster": spec.cluster, "im_url": s["im_url"], "auth_file": s["auth_file"],
-               "adopt_local": s["adopt_local"], "timeout": s["timeout"], "token": token, "inf_id": None,
+        rec = {"cluster": spec.cluster, "im_url": s.im_url, "auth_file": s.auth_file,
+               "adopt_local": s.adopt_local, "timeout": s.timeout, "token": token, "inf_id": None,
                "created": time.time()}
         self._write_record(rec)  # before IM creates anything: down can find it by its token
         inf_id = client.create(radl)
@@ -378,14 +437,14 @@ class ImProvider(Provider):
         self._write_record(rec)
         say(f"IM infrastructure {inf_id}: submitted, {spec.node_total} nodes"
             + (" (adopting the local nodes)" if adopted else ""))
-        return self._wait_and_read(client, inf_id, spec, s["timeout"], adopted)
+        return self._wait_and_read(client, inf_id, spec, s.timeout, adopted)
 
     def _reusable(self, client: ImClient, rec: dict, spec: RunSpec) -> bool:
         try:
             if rec["inf_id"] not in client.list_ids():
                 return False
             return len(client.vm_ids(rec["inf_id"])) == spec.node_total and rec.get("adopt_local") == \
-                _truthy("adopt_local", spec.provider_options.get("adopt_local", ""))
+                self.options_for(spec).adopt_local
         except ProvisionError:
             return False
 
@@ -510,7 +569,7 @@ class ImProvider(Provider):
         return found
 
     def wheelhouse_host(self, spec: RunSpec) -> str | None:
-        if _truthy("provider_options.adopt_local", spec.provider_options.get("adopt_local", "")):
+        if self.options_for(spec).adopt_local:
             return LocalProvider(self.state).wheelhouse_host(_local_spec(spec))
         # Cloud nodes have a route to a package index: offline_nodes() is False, so tfcluster gives the
         # tensorflow role tensorflow_source "index" and prepares no wheelhouse at all (the image's Python
@@ -519,7 +578,7 @@ class ImProvider(Provider):
 
     def vm_halt_minutes(self, spec: RunSpec) -> int:
         """Cloud VMs halt after the run's deadline plus the margin; adopted local nodes never (shared kernel)."""
-        if _truthy("provider_options.adopt_local", spec.provider_options.get("adopt_local", "")):
+        if self.options_for(spec).adopt_local:
             return 0
         return spec.max_runtime_minutes + VM_HALT_MARGIN_MINUTES
 
