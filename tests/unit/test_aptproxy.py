@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tfcluster import aptproxy
+from tfcluster.poll import wait_until
 
 
 class Archive(http.server.BaseHTTPRequestHandler):
@@ -71,10 +72,12 @@ def get(port: int, url: str, method: str = "GET") -> tuple[int, bytes, str]:
 def test_packages_are_fetched_once_then_served_from_the_cache(setup):
     base, port, cache = setup
     url = f"{base}/debian/pool/main/h/hello/hello_1.deb"
+    cached = cache / "127.0.0.1" / "debian" / "pool" / "main" / "h" / "hello" / "hello_1.deb"
     assert get(port, url) == (200, Archive.files["/debian/pool/main/h/hello/hello_1.deb"], "miss")
+    # the proxy renames the file into the cache once the answer is sent: a request in between fetches again
+    assert wait_until(cached.is_file, 5, 0.01)
     assert get(port, url) == (200, Archive.files["/debian/pool/main/h/hello/hello_1.deb"], "hit")
     assert Archive.hits["/debian/pool/main/h/hello/hello_1.deb"] == 1
-    assert (cache / "127.0.0.1" / "debian" / "pool" / "main" / "h" / "hello" / "hello_1.deb").is_file()
 
 
 def test_release_files_are_fetched_fresh_and_the_cached_copy_serves_when_the_archive_fails(setup):
