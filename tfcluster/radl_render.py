@@ -35,7 +35,7 @@ from pydantic_core import PydanticCustomError
 from .config import ROLES, RunSpec, matching_check, refuse
 from .errors import ConfigError, ProvisionError
 from .paths import REPO, TRAIN_DIR
-from .wheelhouse import harness_bundle, package_for
+from .wheelhouse import harness_bundle
 
 RADL_DIR = REPO / "radl"
 TEMPLATE = "cluster.radl.j2"
@@ -224,7 +224,7 @@ def _systems(spec: RunSpec, opts, adopted: list[AdoptedNode] | None, user: str) 
         systems += members
         names = [m["name"] for m in members]
         index_expr, spec_expr = _group_exprs(role, names, spec.network.tf_port)
-        roles.append({"name": role, "systems": names, "gpus": node.gpus, "tensorflow_package": package_for(node.gpus),
+        roles.append({"name": role, "systems": names, "gpus": node.gpus,
                       "index_expr": index_expr, "spec_expr": spec_expr})
     return systems, roles
 

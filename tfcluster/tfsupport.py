@@ -1,4 +1,5 @@
-"""Which CPython versions a TensorFlow release installs on: the table in roles/tensorflow/vars/main.yml.
+"""Which CPython versions a TensorFlow release installs on, and which pip package a node installs: the
+tables in roles/tensorflow/vars/main.yml, which the tensorflow role reads too (one home for both rules).
 
 The tensorflow role checks each node's Python against the same table (its first task), so a user's own
 image is refused on the node, naming it; for a provider's default image, whose Python is known, tfcluster
@@ -29,9 +30,27 @@ class DefaultImage:
 
 
 @functools.cache
+def _role_vars() -> dict:
+    return yaml.safe_load(TABLE.read_text())
+
+
+def package_for(gpus: int, arch: str) -> str:
+    """The TensorFlow pip package of a node with ``gpus`` GPUs and CPU ``arch`` (``platform.machine()``):
+    CUDA and cuDNN come as wheels with the GPU package; the CPU package depends on the architecture."""
+    data = _role_vars()
+    if gpus:
+        return data["_tensorflow_gpu_package"]
+    try:
+        return data["_tensorflow_packages_by_arch"][arch]
+    except KeyError:
+        raise ConfigError("controller platform", arch, "a CPU TensorFlow publishes Linux wheels for: "
+                          + ", ".join(data["_tensorflow_packages_by_arch"])) from None
+
+
+@functools.cache
 def table() -> dict[str, tuple[str, ...]]:
     """``{"2.21": ("3.10", ...), ...}`` from the role's vars file."""
-    data = yaml.safe_load(TABLE.read_text())[_KEY]
+    data = _role_vars()[_KEY]
     return {str(k): tuple(str(v) for v in versions) for k, versions in data.items()}
 
 

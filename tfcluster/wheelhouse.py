@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import http.server
 import io
+import platform
 import subprocess
 import sys
 import tarfile
@@ -19,20 +20,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import tfsupport
 from .errors import TfclusterError
 from .paths import cache_root
 
 EXTRA_PACKAGES = ("boto3", "pydantic==2.14.3")
 
 
-def package_for(gpus: int) -> str:
-    """The TensorFlow pip package of a node: CUDA and cuDNN come as wheels with tensorflow[and-cuda]."""
-    return "tensorflow[and-cuda]" if gpus else "tensorflow-cpu"
-
-
 def packages_for(gpus: list[int]) -> list[str]:
-    """The TensorFlow packages a cluster's nodes install (the tensorflow role picks one per node)."""
-    return sorted({package_for(g) for g in gpus})
+    """The TensorFlow packages nodes of this controller's platform install (the wheelhouse serves nodes
+    like the controller; the tensorflow role picks one per node from the same table)."""
+    return sorted({tfsupport.package_for(g, platform.machine()) for g in gpus})
 
 
 def path_for(version: str, packages: list[str]) -> Path:

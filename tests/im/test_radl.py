@@ -17,7 +17,6 @@ from tfcluster.config import resolve
 from tfcluster.errors import ConfigError, ProvisionError
 from tfcluster.paths import ClusterState
 from tfcluster.providers.im import ImProvider, auth_header, nodes_from_vms
-from tfcluster.wheelhouse import package_for
 
 IMAGE = "ost://cloud.example.org:5000/3f1c-image"
 
@@ -74,11 +73,13 @@ def test_cluster_shapes_parse_and_check(shape, gpus):
         assert f"tf_role: {role}" in recipe
 
 
-def test_gpu_role_gets_the_gpu_tensorflow_package():
+def test_gpu_role_gets_its_gpu_count_and_the_role_chooses_the_package():
+    """The package rule has one home (the tensorflow role's vars): the RADL passes the GPU count only."""
     text = radl_render.render(spec_for(gpus=(0, 1, 0)), contextualize="im")
     parsed = parse_radl(text)
-    assert f"tensorflow_package: '{package_for(1)}'\n" in parsed.get_configure_by_name("worker").recipes
-    assert f"tensorflow_package: '{package_for(0)}'\n" in parsed.get_configure_by_name("ps").recipes
+    assert "tf_gpus: 1\n" in parsed.get_configure_by_name("worker").recipes
+    assert "tf_gpus: 0\n" in parsed.get_configure_by_name("ps").recipes
+    assert "tensorflow_package" not in text
 
 
 def test_im_contextualize_mode_applies_one_configure_per_role():

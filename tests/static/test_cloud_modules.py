@@ -100,12 +100,6 @@ def test_provider_pinned_exactly(name):
     assert re.fullmatch(r"\d+\.\d+\.\d+", spec["version"]), spec["version"]
 
 
-@pytest.mark.parametrize("name", MODULES)
-def test_readme_says_verified_statically_only(name):
-    text = (MODULES[name] / "README.md").read_text()
-    assert "Verified statically only" in text and "not been applied" in text
-
-
 def option_validations(name: str) -> list[str]:
     variables = {k: v for block in module_config(name)["variable"] for k, v in block.items()}
     return [v["condition"] for v in variables["provider_options"]["validation"]]

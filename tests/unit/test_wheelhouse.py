@@ -37,3 +37,25 @@ def test_serve_exposes_the_directory_on_the_given_host_only_while_open(tmp_path)
         raise AssertionError("server still answering after the block")
     except OSError:
         pass
+
+
+def test_the_package_rule_is_the_tensorflow_roles_table():
+    """One home: the wheelhouse downloads what the tensorflow role installs, both read roles/tensorflow/vars."""
+    import platform
+
+    import pytest
+    import yaml
+
+    from tests.conftest import REPO
+    from tfcluster import tfsupport, wheelhouse
+    from tfcluster.errors import ConfigError
+
+    table = yaml.safe_load((REPO / "roles" / "tensorflow" / "vars" / "main.yml").read_text())
+    assert tfsupport.package_for(2, "x86_64") == table["_tensorflow_gpu_package"] == "tensorflow[and-cuda]"
+    for arch, package in table["_tensorflow_packages_by_arch"].items():
+        assert tfsupport.package_for(0, arch) == package
+    assert tfsupport.package_for(0, "aarch64") == "tensorflow"     # tensorflow-cpu has no aarch64 wheels
+    with pytest.raises(ConfigError, match="s390x"):
+        tfsupport.package_for(0, "s390x")
+    assert wheelhouse.packages_for([0, 0, 1]) == sorted({table["_tensorflow_packages_by_arch"][platform.machine()],
+                                                        "tensorflow[and-cuda]"})
