@@ -14,14 +14,13 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from .errors import TfclusterError
 from .paths import state_root
+from .poll import port_open, wait_until
 
 STORE_IFACE = "tfcs3"
 
@@ -54,14 +53,6 @@ def credentials() -> dict[str, str]:
     return read_env_file(path)
 
 
-def _answers(ip: str, port: int) -> bool:
-    try:
-        with socket.create_connection((ip, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
 def _ensure_address(ip: str) -> None:
     if subprocess.run(["ip", "link", "show", STORE_IFACE], capture_output=True).returncode != 0:
         subprocess.run(["ip", "link", "add", STORE_IFACE, "type", "bridge"], check=True, capture_output=True)
@@ -79,7 +70,7 @@ def _address_present(ip: str) -> bool:
 
 def is_running() -> bool:
     ip, port = store_addr()
-    return _address_present(ip) and _answers(ip, port)
+    return _address_present(ip) and port_open(ip, port)
 
 
 def ensure_running(log=print) -> str:
@@ -87,7 +78,7 @@ def ensure_running(log=print) -> str:
     ip, port = store_addr()
     if ip != "127.0.0.1":
         _ensure_address(ip)
-    if _answers(ip, port):
+    if port_open(ip, port):
         return local_endpoint()
     d = store_dir()
     d.mkdir(parents=True, exist_ok=True)
@@ -97,13 +88,10 @@ def ensure_running(log=print) -> str:
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                                 close_fds=True)
     (d / "store.pid").write_text(f"{proc.pid}\n")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise TfclusterError(f"the local S3 store exited (code {proc.returncode}); see {d / 'store.log'}")
-        if _answers(ip, port):
-            return local_endpoint()
-        time.sleep(0.1)
+    if wait_until(lambda: port_open(ip, port), 30, 0.1, give_up=lambda: proc.poll() is not None):
+        return local_endpoint()
+    if proc.poll() is not None:
+        raise TfclusterError(f"the local S3 store exited (code {proc.returncode}); see {d / 'store.log'}")
     raise TfclusterError(f"the local S3 store did not answer at {local_endpoint()} within 30 s")
 
 
@@ -123,9 +111,7 @@ def stop(log=print) -> None:
                 log(f"stopped the local S3 store (pid {pid})")
             except (ProcessLookupError, PermissionError):
                 pass
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and is_running():
-            time.sleep(0.1)
+        wait_until(lambda: not is_running(), 5, 0.1)
         pid_file.unlink()
     ip, _ = store_addr()
     others = subprocess.run(["ss", "-Hltn", "src", ip], capture_output=True, text=True).stdout.strip()

@@ -32,7 +32,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field
 
-from .. import radl_render
+from .. import poll, radl_render
 from ..config import ROLES, Checked, RunSpec, matching_check, refuse, whole_number_check
 from ..errors import ConfigError, ProvisionError, TfclusterError
 from ..paths import ClusterState
@@ -313,6 +313,32 @@ def _local_spec(spec: RunSpec) -> RunSpec:
     return spec.model_copy(update={"provider": "local", "provider_options": {}})
 
 
+class _ImWatch:
+    """One look at an infrastructure per call: prints its state when it changed (or every 30 s); True once
+    IM reports it configured; a failed state raises with IM's contextualization messages."""
+
+    def __init__(self, client: ImClient, inf_id: str):
+        self.client, self.inf_id = client, inf_id
+        self.start, self.last, self.last_print, self.state = time.monotonic(), "", 0.0, "unknown"
+
+    def __call__(self) -> bool:
+        st = self.client.state(self.inf_id)
+        self.state = st.get("state", "unknown")
+        counts: dict[str, int] = {}
+        for vm_state in (st.get("vm_states") or {}).values():
+            counts[vm_state] = counts.get(vm_state, 0) + 1
+        line = f"IM infrastructure {self.inf_id}: {self.state}; VMs: " + \
+            (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none yet")
+        elapsed = time.monotonic() - self.start
+        if line != self.last or elapsed - self.last_print >= 30:
+            print(f"  {line} ({elapsed:.0f}s)", flush=True)
+            self.last, self.last_print = line, elapsed
+        if self.state in _FAILED:
+            msg = self.client.contmsg(self.inf_id).strip().splitlines()[-15:]
+            raise ProvisionError(f"IM infrastructure {self.inf_id} is {self.state}:\n  " + "\n  ".join(msg))
+        return self.state == "configured"
+
+
 @register
 class ImProvider(Provider):
     name = "im"
@@ -450,29 +476,10 @@ class ImProvider(Provider):
 
     def _wait_and_read(self, client: ImClient, inf_id: str, spec: RunSpec, timeout: int,
                        adopted: list[radl_render.AdoptedNode] | None) -> list[Node]:
-        start = time.monotonic()
-        last, last_print = "", 0.0
-        while True:
-            st = client.state(inf_id)
-            state = st.get("state", "unknown")
-            counts: dict[str, int] = {}
-            for vm_state in (st.get("vm_states") or {}).values():
-                counts[vm_state] = counts.get(vm_state, 0) + 1
-            line = f"IM infrastructure {inf_id}: {state}; VMs: " + \
-                (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none yet")
-            elapsed = time.monotonic() - start
-            if line != last or elapsed - last_print >= 30:
-                print(f"  {line} ({elapsed:.0f}s)", flush=True)
-                last, last_print = line, elapsed
-            if state == "configured":
-                break
-            if state in _FAILED:
-                msg = client.contmsg(inf_id).strip().splitlines()[-15:]
-                raise ProvisionError(f"IM infrastructure {inf_id} is {state}:\n  " + "\n  ".join(msg))
-            if elapsed > timeout:
-                raise ProvisionError(f"IM infrastructure {inf_id} not configured after {timeout}s (state {state}); "
-                                     f"see 'im_client getcontmsg {inf_id}'")
-            time.sleep(POLL_S)
+        watch = _ImWatch(client, inf_id)
+        if not poll.wait_until(watch, timeout, POLL_S):
+            raise ProvisionError(f"IM infrastructure {inf_id} not configured after {timeout}s (state {watch.state}); "
+                                 f"see 'im_client getcontmsg {inf_id}'")
         vms = [(vm_id, client.vm_info(inf_id, vm_id)) for vm_id in client.vm_ids(inf_id)]
         nodes = nodes_from_vms(spec.cluster, vms, {r: spec.nodes[r].gpus for r in ROLES})
         want = {r: spec.count(r) for r in ROLES}
