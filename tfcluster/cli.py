@@ -178,7 +178,9 @@ def cmd_reference(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    print(json.dumps(config.json_schema(), indent=2))
+    from .providers import cluster_file_schema
+
+    print(json.dumps(cluster_file_schema(), indent=2))
     return 0
 
 

@@ -558,6 +558,8 @@ def reference() -> str:
 def json_schema() -> dict:
     """The JSON Schema of the cluster file (for editors' YAML support)."""
     schema = RunSpec.model_json_schema(mode="validation")
+    # a YAML file may give an option as a number or a boolean: the configuration takes it as text
+    schema["properties"]["provider_options"]["additionalProperties"] = {"type": ["string", "number", "boolean"]}
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "tfcluster cluster file"
     return schema

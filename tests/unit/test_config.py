@@ -186,3 +186,10 @@ def test_json_schema_accepts_what_validates_and_refuses_what_editors_should_flag
     assert [e.validator for e in validator.iter_errors({"training": {"epochs": 3}})] == ["additionalProperties"]
     assert [e.validator for e in validator.iter_errors({"nodes": {"worker": {"count": "many"}}})] == ["type"]
     assert [e.validator for e in validator.iter_errors({"nodes": {"chief": {"count": 2}}})] == ["maximum"]
+    # each provider's options: its keys are completed, others flagged; plain values as YAML gives them
+    assert list(validator.iter_errors({"provider": "aws", "provider_options": {"region": "eu-west-1", "spot": True,
+                                                                               "root_volume_gb": 80}})) == []
+    assert [e.validator for e in validator.iter_errors({"provider": "aws", "provider_options": {"colour": "red"}})] \
+        == ["additionalProperties"]
+    assert [e.validator for e in validator.iter_errors({"provider_options": {"region": "x"}})] \
+        == ["additionalProperties"]     # no provider named: local, which has no options
