@@ -244,9 +244,14 @@ def cidr_list_check(value):
     out = []
     for item in value:
         try:
-            out.append(str(ipaddress.ip_network(str(item), strict=False)))
+            net = ipaddress.ip_network(str(item), strict=False)
         except ValueError:
             refuse(allowed, value=item)
+        host = ipaddress.ip_interface(str(item)).ip
+        if net.network_address != host:  # 203.0.113.7/0 would silently mean 0.0.0.0/0, everyone
+            refuse(f"{allowed}, written as its network address: {net} (host bits set), or "
+                   f"{host}/{net.max_prefixlen} for that one host", value=item)
+        out.append(str(net))
     return out
 
 

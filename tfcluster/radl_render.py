@@ -47,8 +47,9 @@ DEFAULT_MEMORY = "4G"
 #: IM's default administrator user on cloud images (IM creates it when the image has none)
 DEFAULT_CLOUD_USER = "cloudadm"
 
-_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"\\,]+$")
-_HTTP_URL_RE = re.compile(r"^https?://[^\s'\"\\,|]+$")
+# no braces: IM's own Ansible would evaluate '{{ }}' / '{% %}' in a value the RADL passes on
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"\\,{}]+$")
+_HTTP_URL_RE = re.compile(r"^https?://[^\s'\"\\,|{}]+$")
 _MEMORY_RE = re.compile(r"^(\d{1,7})\s*(K|M|G|T|KB|MB|GB|TB|KI|MI|GI|TI|KIB|MIB|GIB|TIB)$", re.IGNORECASE)
 _INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$")
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -108,7 +109,8 @@ def http_url_check(value: Any) -> str:
     if value in (None, ""):
         return ""
     if not isinstance(value, str) or not _HTTP_URL_RE.fullmatch(value):
-        refuse("an http(s):// URL without spaces, quotes, backslashes, commas or '|'")
+        refuse("an http(s):// URL without spaces, quotes, backslashes, commas, '|' or braces (IM's Ansible "
+               "would evaluate '{{ }}')")
     return value.rstrip("/")
 
 

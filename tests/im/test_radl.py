@@ -211,6 +211,7 @@ def test_provider_check_refuses_bad_values_before_im(tmp_path, auth_file, no_im_
 def test_adopt_local_needs_a_deployednode_line(tmp_path, no_im_calls):
     auth = tmp_path / "auth.dat"
     auth.write_text("id = im; type = InfrastructureManager; username = u; password = SECRETPASS\n")
+    auth.chmod(0o600)
     spec = spec_for(options={"auth_file": str(auth), "adopt_local": "true", "image_url": ""})
     with pytest.raises(ConfigError) as err:
         ImProvider(ClusterState("tfct-im", root=tmp_path)).check(spec)
@@ -362,6 +363,7 @@ def test_bundle_out_writes_the_bundle_the_radl_names(tmp_path):
 def test_openstack_auth_lines_need_keystone_v3(tmp_path, no_im_calls, line, refused):
     auth = tmp_path / "auth.dat"
     auth.write_text("id = im; type = InfrastructureManager; username = u; password = SECRETPASS\n" + line + "\n")
+    auth.chmod(0o600)
     spec = spec_for(options={"auth_file": str(auth)})
     provider = ImProvider(ClusterState("tfct-im", root=tmp_path))
     if not refused:
@@ -379,4 +381,5 @@ def test_readme_auth_example_passes_the_check(tmp_path, no_im_calls):
     assert "auth_version = 3.x_password" in block and "domain = " in block
     auth = tmp_path / "auth.dat"
     auth.write_text(block)
+    auth.chmod(0o600)    # as the README says to keep it
     ImProvider(ClusterState("tfct-im", root=tmp_path)).check(spec_for(options={"auth_file": str(auth)}))

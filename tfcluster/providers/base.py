@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -20,6 +22,12 @@ from ..tfsupport import DefaultImage, check_default_image
 #: minutes a cloud VM outlives the run's deadline before it halts itself: the supervisors end their tasks
 #: at the deadline and the chief writes its final checkpoint first (see Provider.vm_halt_minutes)
 VM_HALT_MARGIN_MINUTES = 10
+
+
+_NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME_RE = re.compile(rf"^(?=.{{1,253}}$)({_LABEL}\.)*{_LABEL}$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,29 @@ class Node:
             raise ProvisionError(f"provider returned a malformed node record {d!r}: {exc}") from None
         if node.role not in ROLES:
             raise ProvisionError(f"provider returned node {node.name} with unknown role {node.role!r}")
+        node.check_values()
         return node
+
+    def check_values(self) -> None:
+        """What a provider returns goes into the inventory and SSH command lines: refuse what is not a
+        plain node name, an IP address (or, public side, a DNS name), a Unix user and a port."""
+        problems = []
+        if not _NODE_NAME_RE.fullmatch(self.name):
+            problems.append(f"name {self.name!r}")
+        for label, value, names_ok in (("private_ip", self.private_ip, False), ("public_ip", self.public_ip, True)):
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                if not (names_ok and _HOST_NAME_RE.fullmatch(value)):
+                    problems.append(f"{label} {value!r}")
+        if not _USER_RE.fullmatch(self.ssh_user):
+            problems.append(f"ssh_user {self.ssh_user!r}")
+        if not 1 <= self.ssh_port <= 65535:
+            problems.append(f"ssh_port {self.ssh_port}")
+        if self.index < 0 or self.gpus < 0:
+            problems.append(f"index {self.index} / gpus {self.gpus}")
+        if problems:
+            raise ProvisionError(f"provider returned node {self.name!r} with a bad " + ", ".join(problems))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -29,6 +29,7 @@ import secrets
 import time
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field
 
@@ -70,17 +71,31 @@ def _truthy(value) -> bool:
     refuse("true or false")
 
 
+_LOOPBACK_HOSTS = ("localhost", "::1")
+
+
 def _im_url(value):
-    return matching_check(_URL_RE, "an http(s)://host[:port][/path] URL", optional=True)(value).rstrip("/")
+    """IM's REST endpoint: https, or plain http only on this machine (the request carries IM's and the
+    clouds' credentials)."""
+    url = matching_check(_URL_RE, "an http(s)://host[:port][/path] URL", optional=True)(value).rstrip("/")
+    host = urlsplit(url).hostname or ""
+    if url.startswith("http://") and not (host in _LOOPBACK_HOSTS or host.startswith("127.")):
+        refuse("an https:// URL (requests to IM carry IM's and the clouds' credentials), or http:// on this "
+               "machine only (127.0.0.1, localhost)")
+    return url
 
 
 def _auth_file(value):
-    """'' (not given) or an existing, readable file, as its absolute path."""
+    """'' (not given) or an existing, readable file that only its owner may read, as its absolute path."""
     if value in (None, ""):
         return ""
     path = Path(str(value)).expanduser()
     if not path.is_file() or not os.access(path, os.R_OK):
         refuse("an existing, readable IM auth file")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        refuse(f"an IM auth file only its owner can read (mode is {oct(mode)}: chmod 600 it; it holds IM's and "
+               "the clouds' credentials)")
     return str(path.resolve())
 
 
