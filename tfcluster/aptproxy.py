@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .poll import port_open, wait_until
+from .poll import owned_pid, port_open, wait_until
 
 PORT = 3142
 ALLOWED_HOSTS = ("deb.debian.org",)
@@ -204,12 +204,7 @@ def _pid_file(p: dict) -> Path:
 
 def running_pid(state_dir: Path) -> int | None:
     """The proxy's pid when it runs for the cluster whose state is in state_dir."""
-    try:
-        pid = int((state_dir / "aptproxy.pid").read_text().split()[0])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if b"tfcluster.aptproxy" in cmdline else None
+    return owned_pid(state_dir / "aptproxy.pid", b"tfcluster.aptproxy")
 
 
 def _holder(ip: str, port: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -31,3 +32,14 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def owned_pid(pid_file: Path, marker: bytes) -> int | None:
+    """The pid a pid file names, if that process still runs and its command line has ``marker`` (a pid
+    file can outlive its process, and the pid be reused by another)."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if marker in cmdline else None

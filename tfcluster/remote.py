@@ -8,6 +8,7 @@ which the inventory carries to Ansible as ``ansible_ssh_common_args``.
 from __future__ import annotations
 
 import configparser
+import functools
 import json
 import shlex
 import subprocess
@@ -26,11 +27,12 @@ class NodeCommandError(TfclusterError):
     """The node answered, but the command failed (as opposed to a node that does not answer)."""
 
 
-def general_options() -> list[str]:
-    """The SSH options of ansible.cfg (control master, keep-alives): one home for both."""
+@functools.cache
+def general_options() -> tuple[str, ...]:
+    """The SSH options of ansible.cfg (control master, keep-alives): one home for both; read once."""
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read(ANSIBLE_CFG)
-    return shlex.split(cfg.get("ssh_connection", "ssh_args", fallback=""))
+    return tuple(shlex.split(cfg.get("ssh_connection", "ssh_args", fallback="")))
 
 
 def cluster_options(state: ClusterState) -> list[str]:

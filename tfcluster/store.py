@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .errors import TfclusterError
 from .paths import state_root
-from .poll import port_open, wait_until
+from .poll import owned_pid, port_open, wait_until
 
 STORE_IFACE = "tfcs3"
 
@@ -99,13 +99,8 @@ def stop(log=print) -> None:
     """Stop the local store (its objects are gone with it) and remove its address."""
     pid_file = store_dir() / "store.pid"
     if pid_file.exists():
-        text = pid_file.read_text().strip()
-        pid = int(text) if text.isdigit() else 0
-        try:  # only if that pid is still our moto server (a pid file can outlive a reboot)
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid else b""
-        except OSError:
-            cmdline = b""
-        if b"moto.server" in cmdline:
+        pid = owned_pid(pid_file, b"moto.server")  # only if it is still our moto server
+        if pid:
             try:
                 os.killpg(pid, signal.SIGTERM)
                 log(f"stopped the local S3 store (pid {pid})")
