@@ -10,7 +10,7 @@ import subprocess
 import time
 from contextlib import contextmanager
 
-from . import ansible_run, inventory, poll, runrecord, store
+from . import ansible_run, inventory, job, poll, runrecord, store
 from .config import RunSpec, resolve
 from .errors import ProvisionError, TfclusterError
 from .paths import ClusterState
@@ -83,6 +83,8 @@ def up(spec: RunSpec) -> list[Node]:
     state = ClusterState(spec.cluster)
     provider = get_provider(spec.provider, state)
     provider.check(spec)  # refuse before anything is created
+    with phase("check the model module"):
+        job.check(spec)
     previous = load_spec(state) if state.spec.exists() else None
     if previous and previous.provider != spec.provider:
         raise TfclusterError(f"cluster {spec.cluster} is up on provider {previous.provider}; "
@@ -138,7 +140,8 @@ def status(cluster: str, task_states=None) -> int:
     print_nodes(nodes, {k: v + (f", task: {tasks[k]}" if k in tasks else "") for k, v in answers.items()})
     rec = runrecord.read(state)
     if rec:
-        acc = f", test accuracy {rec['test_accuracy']:.4f}" if "test_accuracy" in rec else ""
+        key = rec.get("headline", "test_accuracy")
+        acc = f", test {key.removeprefix('test_')} {rec[key]:.4f}" if key in rec else ""
         left = ""
         if rec.get("state") == runrecord.RunState.STARTED and rec.get("deadline"):
             left = f", {max(0, rec['deadline'] - time.time()) / 60:.1f} min left before the nodes stop it"

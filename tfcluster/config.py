@@ -272,6 +272,41 @@ def _options(value):
     return out
 
 
+def _s3_url(value):
+    allowed = ("'' (none), or s3://bucket/key-glob (e.g. s3://my-bucket/data/train-*.tfrecord) or "
+               "s3://bucket/prefix/ (every object under it)")
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s]+", value):
+        refuse(allowed)
+    return value
+
+
+def _hparams(value):
+    allowed = "a mapping of names to numbers, strings or booleans (passed to build_model(hparams))"
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        refuse(allowed)
+    for key, item in value.items():
+        if not isinstance(key, str) or not _MODULE_RE.fullmatch(key):
+            refuse("hparam names that are Python identifiers", sub=str(key), value=item)
+        if not isinstance(item, str | int | float | bool):
+            refuse(allowed, sub=key, value=item)
+    return dict(value)
+
+
+def _tensorflow_version(value):
+    from .tfsupport import pythons_for, table
+
+    allowed = "a TensorFlow release X.Y.Z, e.g. 2.21.0"
+    value = matching_check(_VERSION_RE, allowed)(value)
+    if pythons_for(value) is None:
+        refuse(f"a release tfcluster knows: {', '.join(k + '.x' for k in table())} "
+               "(roles/tensorflow/vars/main.yml; add a row only after checking PyPI's wheels)")
+    return value
+
+
 SingleLine = Annotated[str, BeforeValidator(single_line_check)]
 
 
@@ -311,7 +346,7 @@ class Nodes(Section):
 
 
 class TensorFlowSettings(Section):
-    version: Annotated[str, BeforeValidator(matching_check(_VERSION_RE, "a TensorFlow release X.Y.Z, e.g. 2.21.0"))] = \
+    version: Annotated[str, BeforeValidator(_tensorflow_version)] = \
         Field("2.21.0", description="pinned TensorFlow release installed on every node")
 
 
@@ -344,6 +379,21 @@ class Training(Section):
         300, description="how long the chief waits for every ps and worker before failing")
     checkpoint_every: Int(1, 10_000_000) = Field(
         100, description="checkpoint (copied to S3) every N steps and at the end")
+    hparams: Annotated[dict[str, str | int | float | bool], BeforeValidator(_hparams)] = Field(
+        default_factory=dict, description="passed to the model module's build_model(hparams)")
+
+
+class Data(Section):
+    train: Annotated[str, BeforeValidator(_s3_url)] = Field(
+        "", description="training files in object storage: s3://bucket/glob or s3://bucket/prefix/ ('' = the "
+                        "model module's make_dataset())")
+    test: Annotated[str, BeforeValidator(_s3_url)] = Field(
+        "", description="test files, as data.train (required with it)")
+    format: Annotated[Literal["tfrecord", "csv"], BeforeValidator(choice_check("tfrecord", "csv"))] = Field(
+        "tfrecord", description="tfrecord (read with the module's decode(record)) or csv (a header line)")
+    label: Annotated[str, BeforeValidator(matching_check(re.compile(r"^[^,\s\"]{1,100}$"),
+                                                         "a CSV column name"))] = Field(
+        "label", description="csv: the label column; every other column is a float feature")
 
 
 class Network(Section):
@@ -379,6 +429,7 @@ class RunSpec(Section):
     tensorflow: TensorFlowSettings = Field(default_factory=TensorFlowSettings, description="TensorFlow")
     storage: Storage = Field(default_factory=Storage, description="object storage")
     training: Training = Field(default_factory=Training, description="the training run")
+    data: Data = Field(default_factory=Data, description="the training job's data in object storage")
     max_runtime_minutes: Int(1, 7 * 24 * 60) = Field(
         60, description="hard limit for a run; nodes stop by themselves")
     network: Network = Field(default_factory=Network, description="addresses and ports")
@@ -397,6 +448,15 @@ class RunSpec(Section):
         if "timeout_seconds" not in self.ssh.model_fields_set:
             ssh = self.ssh.model_copy(update={"timeout_seconds": CLOUD_SSH_TIMEOUT_S})
             object.__setattr__(self, "ssh", ssh)
+        return self
+
+    @model_validator(mode="after")
+    def _data_pair(self) -> RunSpec:
+        if bool(self.data.train) != bool(self.data.test):
+            missing = "data.test" if self.data.train else "data.train"
+            raise ConfigError(missing, "", "set together with "
+                              f"{'data.train' if missing == 'data.test' else 'data.test'}: training files "
+                              "need test files to evaluate the model on (s3://bucket/glob or s3://bucket/prefix/)")
         return self
 
     @model_validator(mode="after")

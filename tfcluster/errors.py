@@ -33,3 +33,11 @@ class GuardError(TfclusterError):
     """A destructive step was refused to keep something the user cares about."""
 
     exit_code = 3
+
+
+class JobError(TfclusterError):
+    """The user's model module or data cannot be used; the message names the module (and function) or
+    the data file and what is wrong.  Found before anything is created (validate, up) or before the nodes
+    train (train)."""
+
+    exit_code = EXIT_USAGE

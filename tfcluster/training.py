@@ -12,7 +12,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from . import ansible_run, poll, remote, runrecord, store, wheelhouse
+from . import ansible_run, job, poll, remote, runrecord, store, wheelhouse
 from .cluster import down as destroy_cluster
 from .cluster import load_spec, phase, say
 from .config import ROLES, RunSpec
@@ -21,16 +21,6 @@ from .paths import TRAIN_DIR, ClusterState, artifacts_root
 from .providers import get_provider
 from .providers.base import Node, read_nodes
 from .runrecord import RunState
-
-
-def model_name(spec: RunSpec) -> str:
-    return model_path(spec).stem
-
-
-def model_path(spec: RunSpec) -> Path:
-    """The model module's file: a bundled model in train/models/, or the user's .py file."""
-    model = spec.training.model
-    return Path(model) if model.endswith(".py") else TRAIN_DIR / "models" / f"{model}.py"
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -91,11 +81,14 @@ def configure(spec: RunSpec) -> None:
 
 
 # -- train -------------------------------------------------------------------------------------
-def _run_settings(spec: RunSpec, run_id: str) -> dict:
+def _run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
+    """The settings every node gets (``run`` holds what :func:`tfcluster.job.prepare` found: the data)."""
     prefix = f"{spec.storage.prefix}/{spec.cluster}/{run_id}"
     return {
         "run_id": run_id,
-        "model_module": model_name(spec),
+        "model_module": job.model_name(spec),
+        "hparams": spec.training.hparams,
+        "data": run.get("settings_data"),
         "strategy": spec.strategy,
         "steps": spec.training.steps,
         "batch_size": spec.training.batch_size,
@@ -110,7 +103,7 @@ def _run_settings(spec: RunSpec, run_id: str) -> dict:
             "bucket": spec.storage.bucket,
             "run_prefix": prefix,
             "checkpoint_prefix": f"{prefix}/checkpoints",
-            "dataset_prefix": f"datasets/{model_name(spec)}",
+            "dataset_prefix": run.get("dataset_prefix") or f"datasets/{job.model_name(spec)}",
         },
     }
 
@@ -225,36 +218,49 @@ def _check_cluster_fits(spec: RunSpec, state: ClusterState) -> None:
 
 
 def _open_run(spec: RunSpec, state: ClusterState, previous: dict) -> tuple[dict, dict]:
-    """Resume the previous run when it can be (same model and batch size), else start one; upload the
-    dataset; write the record. Returns the record and the settings the nodes get."""
-    fingerprint = {"model": model_name(spec), "batch_size": spec.training.batch_size}
+    """Check the job and prepare its data; resume the previous run when it can be (same model, batch size,
+    hparams and data), else start one; write the record. Returns the record and the nodes' settings."""
+    with phase("check the training job and its data"):
+        prepared = job.prepare(spec)
+        say(_data_line(spec, prepared))
+    fingerprint = {"model": job.model_name(spec), "batch_size": spec.training.batch_size,
+                   "hparams": spec.training.hparams, "data": _data_identity(prepared["describe"])}
     resume = previous.get("state") in runrecord.RESUMABLE
     if resume and previous.get("fingerprint", fingerprint) != fingerprint:
-        say(f"run {previous['run_id']} used {previous['fingerprint']}; these settings start a new run instead")
+        changed = sorted(k for k in fingerprint if previous["fingerprint"].get(k) != fingerprint[k])
+        say(f"run {previous['run_id']} had another {', '.join(changed)}; starting a new run instead of resuming")
         resume = False
     run_id = previous["run_id"] if resume else runrecord.new_id()
-    settings = _run_settings(spec, run_id)
-    _upload_dataset(spec, settings)
-    run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(), "steps": settings["steps"],
-           "s3_prefix": f"s3://{spec.storage.bucket}/{settings['s3']['run_prefix']}/",
-           "resumed": resume, "fingerprint": fingerprint, "deadline": time.time() + settings["max_runtime_s"]}
+    run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(),
+           "resumed": resume, "fingerprint": fingerprint, "data": prepared["describe"],
+           "settings_data": prepared["data"], "dataset_prefix": prepared["dataset_prefix"]}
+    settings = _run_settings(spec, run_id, run)
+    run.update(steps=settings["steps"], s3_prefix=f"s3://{spec.storage.bucket}/{settings['s3']['run_prefix']}/",
+               deadline=time.time() + settings["max_runtime_s"])
     runrecord.write(state, run)
     say(("resuming" if resume else "starting") + f" run {run_id}: {settings['steps']} steps on "
         f"{spec.count('worker')} workers, {spec.count('ps')} ps; model → {run['s3_prefix']}")
     return run, settings
 
 
-def _upload_dataset(spec: RunSpec, settings: dict) -> None:
-    from tfc_harness import data
-    from tfc_harness.errors import HarnessError
+def _data_identity(describe: dict) -> str:
+    """One hash naming exactly the data a run uses (the arrays' sha256, or every file with its ETag)."""
+    if describe["source"] == "arrays":
+        return describe["sha256"]
+    import hashlib
 
-    prefix = settings["s3"]["dataset_prefix"]
-    with phase("dataset"):
-        try:
-            info = data.ensure_dataset(store.client(spec), spec.storage.bucket, prefix, str(model_path(spec)))
-        except HarnessError as exc:  # the user's model module: named, with what is wrong
-            raise TfclusterError(str(exc)) from None
-        say(f"dataset s3://{spec.storage.bucket}/{prefix}/ " + ("uploaded" if info["uploaded"] else "already there"))
+    return hashlib.sha256(json.dumps([describe["train"], describe["test"]], sort_keys=True).encode()).hexdigest()
+
+
+def _data_line(spec: RunSpec, prepared: dict) -> str:
+    d = prepared["describe"]
+    if d["source"] == "arrays":
+        return (f"data: make_dataset() of {job.model_name(spec)}, {d['rows']['train']} training and "
+                f"{d['rows']['test']} test examples, sha256 {d['sha256'][:12]}, s3://{d['bucket']}/{d['prefix']}/ "
+                + ("uploaded" if prepared.get("uploaded") else "already there (same content)"))
+    size = sum(f["size"] for f in d["train"]) / 1e6
+    return (f"data: {len(d['train'])} training files ({size:.1f} MB) and {len(d['test'])} test files "
+            f"({d['format']}) in s3://{d['bucket']}/, spread over {spec.count('worker')} workers")
 
 
 def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, settings: dict) -> dict:
@@ -331,14 +337,15 @@ def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run_id: str, 
 def verify(spec: RunSpec, run: dict) -> dict:
     """Read the published model back from S3, check every hash, evaluate it in a fresh process."""
     state = ClusterState(spec.cluster)
-    settings = _run_settings(spec, run["run_id"])
+    settings = _run_settings(spec, run["run_id"], run)
     dest = artifacts_root() / spec.cluster / run["run_id"]
     with phase(f"verify the model in {run['s3_prefix']}"):
         try:
             from tfc_harness import verify as harness_verify
 
             result = harness_verify.verify_run(store.client(spec), spec.storage.bucket,
-                                                 settings["s3"]["run_prefix"], dest)
+                                                 settings["s3"]["run_prefix"], dest, str(job.model_path(spec)),
+                                                 settings["s3"]["dataset_prefix"], run.get("settings_data"))
         except TfclusterError:
             raise
         except Exception as exc:  # a bad hash, a missing file, S3 errors: the published run is not usable
@@ -346,11 +353,15 @@ def verify(spec: RunSpec, run: dict) -> dict:
             runrecord.write(state, run)
             raise TfclusterError(f"verification of {run['s3_prefix']} failed: {type(exc).__name__}: {exc}; "
                                  f"the next 'make train' starts a new run") from None
-    run.update(state=RunState.VERIFIED, test_accuracy=result["test_accuracy"], artifacts=str(dest),
-               metrics=result.get("metrics", {}))
+    metrics = result["metrics"]
+    headline = metrics["headline"]
+    run.update({"state": RunState.VERIFIED, "artifacts": str(dest), "metrics": result["published"],
+                "verified_metrics": metrics, "headline": headline, headline: metrics[headline]})
     runrecord.write(state, run)
-    print(f"test accuracy: {result['test_accuracy']:.4f}", flush=True)
-    say(f"model verified: {run['s3_prefix']} (copy in {dest})")
+    for line in harness_verify.metric_lines(metrics):
+        print(line, flush=True)
+    say(f"model verified: {run['s3_prefix']} (copy in {dest}); the metrics above were recomputed from it "
+        f"in a fresh process and match the chief's")
     return run
 
 

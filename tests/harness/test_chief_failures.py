@@ -48,14 +48,14 @@ def test_watchdog_fails_the_chief_after_max_runtime(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
 def test_chief_without_peers_exits_with_a_clear_error(s3_client, moto_endpoint, tmp_path):
     s3_client.create_bucket(Bucket="lonely")
-    data.ensure_dataset(s3_client, "lonely", "datasets/digits", "digits")
+    dataset = data.ensure_dataset(s3_client, "lonely", "datasets/digits", "digits")["prefix"]
     cluster = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}"],
                "chief": [f"127.0.0.1:{free_port()}"]}
     settings = example_settings(
         state_dir=str(tmp_path / "chief"), max_runtime_s=15,
         tf_config={"cluster": cluster, "task": {"type": "chief", "index": 0}},
         s3={"endpoint": moto_endpoint, "region": "us-east-1", "bucket": "lonely", "run_prefix": "runs/l/1",
-            "checkpoint_prefix": "runs/l/ckpt", "dataset_prefix": "datasets/digits"})
+            "checkpoint_prefix": "runs/l/ckpt", "dataset_prefix": dataset})
     script = tmp_path / "entry.py"
     script.write_text(render_entry(TRAIN_DIR, settings))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90,

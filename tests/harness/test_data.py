@@ -1,4 +1,4 @@
-"""Dataset handling: shard selection, npz round trip, ensure_dataset against moto."""
+"""Dataset handling: shard selection, npz round trip, content-named ensure_dataset against moto."""
 
 from __future__ import annotations
 
@@ -37,10 +37,20 @@ def test_npz_round_trip_casts_dtypes():
     assert y2.tolist() == y.tolist()
 
 
+@pytest.mark.parametrize("y, dtype", [
+    (np.array([0.5, 1.5, -2.0]), np.float32),                   # regression targets
+    (np.array([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]]), np.float32),  # vector targets
+    (np.array([True, False, True]), np.int64),                  # binary labels
+])
+def test_labels_may_be_any_numbers(y, dtype):
+    x, y2 = data.check_arrays(np.zeros((3, 2), dtype=np.int32), y)
+    assert x.dtype == np.float32 and y2.dtype == dtype and y2.shape == y.shape
+
+
 @pytest.mark.parametrize("x, y, fragment", [
-    (np.zeros((3, 2)), np.zeros(2, dtype=np.int64), "need x [N, ...] and y [N]"),
-    (np.zeros((3, 2)), np.zeros(3, dtype=np.float32), "integer class ids"),
-    (np.zeros((3, 2), dtype=np.int64), np.zeros(3, dtype=np.int64), "floating point"),
+    (np.zeros((3, 2)), np.zeros(2, dtype=np.int64), "need x [N, ...] and y [N, ...]"),
+    (np.zeros((3, 2)), np.array(["a", "b", "c"]), "y with <U1 values; y must be numeric"),
+    (np.full((3, 2), np.nan), np.zeros(3), "NaN or infinite"),
 ])
 def test_check_arrays_rejects(x, y, fragment):
     with pytest.raises(ValueError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
@@ -61,12 +71,38 @@ def test_ensure_dataset_uploads_once(s3_client):
     module.make_dataset = make_dataset
 
     first = data.ensure_dataset(s3_client, "dsets", "datasets/tiny/", module)
-    assert first == {"uploaded": True, "keys": ["datasets/tiny/train.npz", "datasets/tiny/test.npz"],
-                     "rows": {"train": 6, "test": 2}}
+    prefix = first["prefix"]
+    assert first["uploaded"] and prefix == f"datasets/tiny-{first['sha256'][:12]}"
+    assert first["rows"] == {"train": 6, "test": 2}
+    assert sorted(s3io.list_keys(s3_client, "dsets", "datasets/")) == [f"{prefix}/test.npz", f"{prefix}/train.npz"]
     second = data.ensure_dataset(s3_client, "dsets", "datasets/tiny", module)
-    assert second["uploaded"] is False and len(calls) == 1
-    x, y = data.load_split(s3_client, "dsets", "datasets/tiny", "test")
+    assert second["uploaded"] is False and second["prefix"] == prefix and len(calls) == 2
+    x, y = data.load_split(s3_client, "dsets", prefix, "test")
     assert x.shape == (2, 2, 2, 1) and y.tolist() == [0, 1]
+
+
+def test_changed_data_gets_a_new_prefix_and_the_old_stays(s3_client):
+    """A user who changes make_dataset() trains on the new data, never on a stale copy."""
+    s3_client.create_bucket(Bucket="dsets-changed")
+    labels = [np.array([0, 1, 0, 1])]
+    module = types.ModuleType("changing")
+    module.build_model = lambda: None
+    module.make_dataset = lambda: {"train": (np.ones((4, 3)), labels[0]), "test": (np.ones((2, 3)), labels[0][:2])}
+    old = data.ensure_dataset(s3_client, "dsets-changed", "datasets/changing", module)
+    labels[0] = np.array([1, 1, 0, 0])                     # one label changed, same shapes
+    new = data.ensure_dataset(s3_client, "dsets-changed", "datasets/changing", module)
+    assert new["uploaded"] and new["prefix"] != old["prefix"] and new["sha256"] != old["sha256"]
+    assert data.load_split(s3_client, "dsets-changed", new["prefix"], "train")[1].tolist() == [1, 1, 0, 0]
+    assert data.load_split(s3_client, "dsets-changed", old["prefix"], "train")[1].tolist() == [0, 1, 0, 1]
+
+
+def test_content_hash_sees_dtype_shape_and_values():
+    x, y = np.zeros((4, 2), dtype=np.float32), np.arange(4)
+    base = data.content_hash({"train": (x, y), "test": (x, y)})
+    assert base == data.content_hash({"train": (x.copy(), y.copy()), "test": (x, y)})
+    assert base != data.content_hash({"train": (x.reshape(4, 2, 1), y), "test": (x, y)})
+    assert base != data.content_hash({"train": (x, y.astype(np.int32)), "test": (x, y)})
+    assert base != data.content_hash({"train": (x, y), "test": (x + 1, y)})
 
 
 def _module(name: str, make_dataset):
@@ -91,13 +127,12 @@ Y = np.array([0, 1, 0, 1])
 
 
 @pytest.mark.parametrize("splits, fragment", [
-    ({"train": (X, Y.astype(np.float64)), "test": (X, Y)},
-     "make_dataset() returned y with float64 values; y must hold integer class ids (the harness trains "
-     "classifiers: regression targets are not supported) (in the 'train' split)"),
-    ({"train": (X, Y), "test": (X.astype(np.int32), Y)},
-     "make_dataset() returned x with int32 values; x must be floating point (in the 'test' split)"),
+    ({"train": (X, Y.astype(str)), "test": (X, Y)},
+     "make_dataset() returned y with <U21 values; y must be numeric (in the 'train' split)"),
+    ({"train": (X, Y), "test": (X[:, :1], Y)},
+     "make_dataset() returned train and test splits whose examples differ in shape"),
     ({"train": (X, Y[:3]), "test": (X, Y)},
-     "make_dataset() returned x with shape (4, 2, 2, 1) and y with shape (3,); need x [N, ...] and y [N]"),
+     "make_dataset() returned x with shape (4, 2, 2, 1) and y with shape (3,); need x [N, ...] and y [N, ...]"),
     ({"train": X, "test": (X, Y)}, "make_dataset() returned ndarray for the 'train' split; each split must be"),
     ([X, Y], "make_dataset() returned list; it must return"),
 ])

@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.e2e,
 
 
 def make_settings(endpoint: str, tf_cluster: dict, role: str, index: int, state_dir: Path, *,
-                  steps: int, run_id: str) -> dict:
+                  steps: int, run_id: str, dataset_prefix: str) -> dict:
     return {
         "cluster": "e2e",
         "run_id": run_id,
@@ -48,7 +48,7 @@ def make_settings(endpoint: str, tf_cluster: dict, role: str, index: int, state_
         "checkpoint_every": CHECKPOINT_EVERY,
         "s3": {"endpoint": endpoint, "region": "us-east-1", "bucket": BUCKET,
                "run_prefix": f"runs/e2e/{run_id}", "checkpoint_prefix": "runs/e2e/checkpoints",
-               "dataset_prefix": "datasets/digits"},
+               "dataset_prefix": dataset_prefix},
         "state_dir": str(state_dir),
         "max_runtime_s": CHIEF_TIMEOUT_S,
     }
@@ -83,7 +83,9 @@ def wait_serving(processes, state_dirs: dict[str, Path], timeout_s: float) -> No
 
 def test_train_resume_publish_verify(moto_endpoint, s3_client, processes, tmp_path):
     s3_client.create_bucket(Bucket=BUCKET)
-    assert data.ensure_dataset(s3_client, BUCKET, "datasets/digits", "digits")["uploaded"]
+    stored = data.ensure_dataset(s3_client, BUCKET, "datasets/digits", "digits")
+    assert stored["uploaded"] and stored["prefix"] == f"datasets/digits-{stored['sha256'][:12]}"
+    dataset = stored["prefix"]
 
     names = {"ps": ["ps0"], "worker": ["worker0", "worker1"], "chief": ["chief"]}
     tf_cluster = {role: [f"127.0.0.1:{free_port()}" for _ in nodes] for role, nodes in names.items()}
@@ -92,14 +94,14 @@ def test_train_resume_publish_verify(moto_endpoint, s3_client, processes, tmp_pa
     for role in ("ps", "worker"):
         for index, name in enumerate(names[role]):
             start_node(processes, tmp_path, name, make_settings(
-                moto_endpoint, tf_cluster, role, index, state[name], steps=STEPS, run_id="a"))
+                moto_endpoint, tf_cluster, role, index, state[name], steps=STEPS, run_id="a", dataset_prefix=dataset))
     wait_serving(processes, {n: state[n] for n in ("ps0", "worker0", "worker1")}, timeout_s=90)
     for name in ("worker0", "worker1"):
         assert (state[name] / "data" / "train-shard.tfrecord").is_file()
 
     # First chief: trains to FIRST_STEPS, checkpoints and publishes run "a".
     start_node(processes, tmp_path, "chief-a", make_settings(
-        moto_endpoint, tf_cluster, "chief", 0, state["chief"], steps=FIRST_STEPS, run_id="a"))
+        moto_endpoint, tf_cluster, "chief", 0, state["chief"], steps=FIRST_STEPS, run_id="a", dataset_prefix=dataset))
     rc = processes.wait("chief-a", CHIEF_TIMEOUT_S)
     log_a = processes.log("chief-a")
     assert rc == 0, log_a
@@ -109,31 +111,36 @@ def test_train_resume_publish_verify(moto_endpoint, s3_client, processes, tmp_pa
 
     # Second chief, same checkpoint prefix: resumes at FIRST_STEPS and finishes run "b".
     start_node(processes, tmp_path, "chief-b", make_settings(
-        moto_endpoint, tf_cluster, "chief", 0, state["chief"], steps=STEPS, run_id="b"))
+        moto_endpoint, tf_cluster, "chief", 0, state["chief"], steps=STEPS, run_id="b", dataset_prefix=dataset))
     rc = processes.wait("chief-b", CHIEF_TIMEOUT_S)
     log_b = processes.log("chief-b")
     assert rc == 0, log_b
     assert f"resumed from checkpoint at step {FIRST_STEPS}" in log_b
     assert f"step {STEPS}/{STEPS} loss" in log_b
     status = json.loads((state["chief"] / "status.json").read_text())
-    assert status["phase"] == "done" and status["step"] == STEPS and status["accuracy"] >= 0.9
+    assert status["phase"] == "done" and status["step"] == STEPS
+    assert status["metric"] == "test_accuracy" and status["value"] >= 0.9
 
-    result = verify.verify_run(s3_client, BUCKET, "runs/e2e/b", tmp_path / "verify-b")
-    print(f"verified run b: test accuracy {result['test_accuracy']:.4f}, metrics {result['metrics']}")
-    assert result["test_accuracy"] >= 0.90
+    module = str(TRAIN_DIR / "models" / "digits.py")
+    result = verify.verify_run(s3_client, BUCKET, "runs/e2e/b", tmp_path / "verify-b", module, dataset)
+    print(f"verified run b: recomputed {result['metrics']}, published {result['published']}")
+    assert result["metrics"]["test_accuracy"] >= 0.90 and result["metrics"]["headline"] == "test_accuracy"
     manifest = json.loads((tmp_path / "verify-b" / "manifest.json").read_text())
     assert set(result["files"]) == set(manifest["files"])
     assert "model/saved_model.pb" in manifest["files"]
     for key in manifest["files"]:
         assert (tmp_path / "verify-b" / key).is_file()
-    metrics = result["metrics"]
+    metrics = result["published"]
     assert metrics["restored_from_step"] == FIRST_STEPS and metrics["steps"] == STEPS
-    assert metrics["workers"] == 2
-    assert abs(metrics["test_accuracy"] - result["test_accuracy"]) < 1e-6
+    assert metrics["workers"] == 2 and metrics["headline"] == "test_accuracy"
+    assert metrics["data"] == {"source": "arrays", "bucket": BUCKET, "prefix": dataset}
+    assert abs(metrics["test_accuracy"] - result["metrics"]["test_accuracy"]) <= verify.TOLERANCE
+    assert abs(metrics["test_loss"] - result["metrics"]["test_loss"]) <= verify.TOLERANCE
 
     # The CLI form, as the controller would run it.
     cli = subprocess.run([sys.executable, "-m", "tfc_harness.verify", "--bucket", BUCKET, "--run-prefix",
-                          "runs/e2e/b", "--dest", str(tmp_path / "verify-cli"), "--endpoint", moto_endpoint],
+                          "runs/e2e/b", "--dest", str(tmp_path / "verify-cli"), "--endpoint", moto_endpoint,
+                          "--module", module, "--dataset-prefix", dataset],
                          capture_output=True, text=True, env=node_env({"PYTHONPATH": str(TRAIN_DIR)}),
                          timeout=120)
     assert cli.returncode == 0, cli.stderr

@@ -20,7 +20,8 @@ def test_example_is_valid_and_normalised():
     assert s.peers() == [("ps/0", "10.0.0.2:2222"), ("worker/0", "10.0.0.3:2222"),
                          ("worker/1", "10.0.0.4:2222")]
     assert json.loads(s.tf_config_json()) == raw["tf_config"]
-    assert set(s.to_dict()) == set(raw) | {"strategy", "start_timeout_s", "stall_timeout_s"}
+    assert set(s.to_dict()) == set(raw) | {"strategy", "start_timeout_s", "stall_timeout_s", "data", "hparams"}
+    assert s.data is None and s.hparams == {}      # the module's arrays under s3.dataset_prefix
     assert s.start_timeout_s is None   # optional: the chief then waits up to max_runtime_s
 
 

@@ -29,9 +29,15 @@ def test_bad_model_module_names(name, fragment):
 
 def test_module_without_interface(tmp_path):
     path = tmp_path / "half.py"
-    path.write_text("def build_model():\n    return None\nFROM_LOGITS = 'yes'\n")
-    with pytest.raises(usermodel.ModelModuleError, match="no make_dataset"):
+    path.write_text("def make_dataset():\n    return None\n")
+    with pytest.raises(usermodel.ModelModuleError, match=r"^model module half.py has no build_model\(\) function$"):
         usermodel.load(str(path))
+    path.write_text("def build_model():\n    return None\nmetrics = ['auc']\n")
+    with pytest.raises(usermodel.ModelModuleError, match=r"^model module half.py: metrics must be a function "
+                       r"\(got list\)$"):
+        usermodel.load(str(path))
+    path.write_text("def build_model():\n    return None\n")   # data may come from files in storage
+    assert not usermodel.has_dataset(usermodel.load(str(path)))
     path.write_text("def build_model():\n    return None\ndef make_dataset():\n    return {}\nFROM_LOGITS = 'yes'\n")
     with pytest.raises(usermodel.ModelModuleError, match="FROM_LOGITS must be a bool"):
         usermodel.from_logits(usermodel.load(str(path)))
@@ -85,26 +91,90 @@ def test_build_model_problems_are_named(tmp_path, body, fragment):
     assert str(err.value) == f"model module broken.py: {fragment}"
 
 
-def test_a_regression_model_is_refused_before_training(tmp_path):
+REGRESSOR = """
+    import keras
+    loss = "mse"
+    def metrics():
+        return [keras.metrics.MeanAbsoluteError(name="mae")]
+    def build_model():
+        return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
+"""
+BINARY = """
+    import keras
+    loss = keras.losses.BinaryCrossentropy(from_logits=True)
+    def metrics():
+        return [keras.metrics.AUC(name="auc", from_logits=True), "accuracy"]
+    def build_model(hparams):
+        return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(hparams.get("units", 2)),
+                                 keras.layers.Dense(1)])
+"""
+MULTICLASS = """
+    import keras
+    def build_model():
+        return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])
+"""
+
+
+@pytest.mark.parametrize("body, y, loss_name, metric_names, probabilities", [
+    (REGRESSOR, np.array([0.5, -1.25], dtype=np.float32), "mean_squared_error", ["mae"], None),
+    (BINARY, np.array([0, 1]), "BinaryCrossentropy", ["auc", "accuracy"], "sigmoid"),
+    (MULTICLASS, np.array([0, 2]), "SparseCategoricalCrossentropy", ["accuracy"], "softmax"),
+])
+def test_regression_binary_and_multiclass_modules(tmp_path, body, y, loss_name, metric_names, probabilities):
     pytest.importorskip("keras")
-    module = usermodel.load(_write(tmp_path, "regressor", """
-        import keras
-        def build_model():
-            return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
-        def make_dataset(): pass
-    """))
+    module = usermodel.load(_write(tmp_path, "job", body))
+    loss = usermodel.loss_fn(module)
+    assert getattr(loss, "__name__", type(loss).__name__) == loss_name
+    assert [m.name for m in usermodel.metric_objects(module, loss)] == metric_names
+    assert usermodel.probability_fn(loss) == probabilities
+    model = usermodel.build_model(module, (4,), {"units": 5} if usermodel.takes_hparams(module) else None)
+    usermodel.check_batch(module, model, np.zeros((2, 4), dtype=np.float32), y, loss)
+
+
+def test_hparams_reach_build_model_or_are_refused(tmp_path):
+    pytest.importorskip("keras")
+    binary = usermodel.load(_write(tmp_path, "binary", BINARY))
+    assert usermodel.build_model(binary, (4,), {"units": 7}).layers[0].units == 7
+    plain = usermodel.load(_write(tmp_path, "plain", MULTICLASS))
+    with pytest.raises(usermodel.ModelModuleError, match=r"^model module plain.py: build_model\(\) takes no "
+                       r"parameter, but training.hparams is set \(\{'units': 7\}\)"):
+        usermodel.build_model(plain, (4,), {"units": 7})
+
+
+@pytest.mark.parametrize("body, y, fragment", [
+    # class ids beyond the model's 3 outputs
+    (MULTICLASS, np.array([0, 7]), "the loss fails on labels of shape (2,) and model outputs of shape (2, 3)"),
+    # a hand-written loss that broadcasts [N] labels against [N, 1] outputs
+    ("import keras\nloss = lambda y, p: (y - p) ** 2\n"
+     "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])\n",
+     np.array([0.5, 1.0, 2.0], dtype=np.float32), "the loss broadcasts labels of shape (3,)"),
+    # binary labels for a model with 3 outputs and a binary loss
+    ("import keras\nloss = 'binary_crossentropy'\n"
+     "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])\n",
+     np.array([0.0, 1.0]), "the loss fails on labels of shape (2,) and model outputs of shape (2, 3)"),
+])
+def test_labels_that_do_not_fit_the_loss_are_named(tmp_path, body, y, fragment):
+    pytest.importorskip("keras")
+    module = usermodel.load(_write(tmp_path, "misfit", body))
     model = usermodel.build_model(module, (4,))
-    with pytest.raises(usermodel.ModelModuleError, match=r"^model module regressor.py: build_model\(\) returned a "
-                       r"model whose output has shape \(2, 1\) for 2 examples; it must output one score per class "
-                       r"\(\[2, >= 3\]\)"):
-        usermodel.check_output(module, model, np.zeros((2, 4), dtype=np.float32), num_classes=3)
-    wide = usermodel.load(_write(tmp_path, "classifier", """
-        import keras
-        def build_model():
-            return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])
-        def make_dataset(): pass
-    """))
-    usermodel.check_output(wide, usermodel.build_model(wide, (4,)), np.zeros((2, 4), dtype=np.float32), 3)
+    with pytest.raises(usermodel.ModelModuleError) as err:
+        usermodel.check_batch(module, model, np.zeros((len(y), 4), dtype=np.float32), y)
+    assert str(err.value).startswith("model module misfit.py: ") and fragment in str(err.value)
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("loss = 'mean_squired_error'\n", "loss 'mean_squired_error' is not a Keras loss name"),
+    ("loss = 3\n", "loss must be a Keras loss name, a keras.losses object or a function"),
+    ("def metrics():\n    return ['acuracy']\n", "metrics() returned 'acuracy', which is not a Keras metric name"),
+    ("def metrics():\n    return 'mae'\n", "metrics() returned str; it must return a list of Keras metrics"),
+    ("def metrics():\n    return ['mae', 'mae']\n", "metrics() returned metrics with the same name"),
+])
+def test_loss_and_metrics_keras_cannot_resolve(tmp_path, body, fragment):
+    pytest.importorskip("keras")
+    module = usermodel.load(_write(tmp_path, "unresolved", "def build_model(): pass\n" + body))
+    with pytest.raises(usermodel.ModelModuleError) as err:
+        usermodel.metric_objects(module)
+    assert str(err.value).startswith("model module unresolved.py: ") and fragment in str(err.value)
 
 
 def test_make_optimizer_problems_are_named(tmp_path):

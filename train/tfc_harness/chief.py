@@ -1,12 +1,14 @@
 """The node that runs the training loop (the chief): it sequences small pieces, each with one job.
 
-1. refuse an already published run; load the user's model module and the test split (which also gives
-   the example shape); build a local copy of the model and check its output (:mod:`tfc_harness.usermodel`);
+1. refuse an already published run; load the user's model module, its loss and metrics, and a few test
+   examples (:mod:`tfc_harness.inputs`, which also give the example shape); build a local copy of the model
+   and check its outputs against the labels, the loss and the metrics (:mod:`tfc_harness.usermodel`);
 2. wait until every peer accepts connections (:mod:`tfc_harness.peers`);
 3. connect the strategy (:mod:`tfc_harness.strategies`), build model and optimizer in its scope and
    restore the newest checkpoint (:mod:`tfc_harness.saver`);
 4. train (:mod:`tfc_harness.loop`) under a peer monitor and a stall watchdog (:mod:`tfc_harness.watchdogs`);
-5. copy the weights into the local model and evaluate it on the test split (:mod:`tfc_harness.evaluate`);
+5. copy the weights into the local model and evaluate the loss and metrics on the test split
+   (:mod:`tfc_harness.evaluate`);
 6. export a SavedModel and publish it with its metrics (:mod:`tfc_harness.publish`).
 
 A runtime watchdog ends the process with exit code 3 once ``max_runtime_s`` has passed, whatever it is
@@ -22,11 +24,9 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-import numpy as np
-
-from . import data, loop, publish, s3io, unpublished, usermodel, watchdogs
+from . import evaluate as evaluation
+from . import inputs, loop, publish, s3io, unpublished, usermodel, watchdogs
 from .errors import HarnessError
-from .evaluate import classification_metrics, predict_keras
 from .peers import PeerMonitor, wait_for_peers
 from .saver import Saver
 from .settings import Settings
@@ -45,18 +45,16 @@ def log(msg: str) -> None:
 
 @dataclasses.dataclass
 class Job:
-    """What the chief trains and evaluates: the user's module, the test split, and (once the strategy is
-    connected) a copy of the model whose variables live on the chief, for evaluation and export."""
+    """What the chief trains and evaluates: the user's module and loss, the run's input, the example shape,
+    and (once the strategy is connected) a copy of the model whose variables live on the chief, for
+    evaluation and export."""
 
     module: ModuleType
-    from_logits: bool
-    x_test: np.ndarray
-    y_test: np.ndarray
+    loss: object
+    input: object
+    example_shape: tuple[int, ...]
+    hparams: dict
     local_model: object = None
-
-    @property
-    def example_shape(self) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.x_test.shape[1:])
 
 
 def run(settings: Settings, strategy: Strategy) -> int:
@@ -86,16 +84,17 @@ def _run(settings: Settings, strategy: Strategy, state: ChiefState, started: flo
     model, optimizer = build_distributed(strategy, job, settings.learning_rate)
     saver = Saver(strategy, client, model, optimizer)
     restored = state.step = saver.restore()
-    train_fn = strategy.make_train_fn(make_replica_step(model, optimizer, job.from_logits),
-                                      strategy.make_dataset(job.example_shape, settings.batch_size))
+    train_fn = strategy.make_train_fn(make_replica_step(model, optimizer, job.loss),
+                                      strategy.make_dataset(job.input.dataset_fn(settings.batch_size)))
     log(f"training {settings.steps - restored} steps on {settings.num_workers} workers "
         f"(batch {settings.batch_size}, learning rate {settings.learning_rate})")
     with PeerMonitor(settings.peers()) as monitor, \
             watchdogs.StallWatchdog(state, settings.stall_timeout_s or watchdogs.DEFAULT_STALL_TIMEOUT_S):
         train_seconds = loop.train(train_fn, state, batch_size=settings.batch_size,
                                    checkpoint_every=settings.checkpoint_every, save=saver.save)
-    metrics = evaluate(state, job, model)
-    run_metrics = dict(metrics, **training_metrics(settings, restored, train_seconds, monitor))
+    metrics = evaluate(state, job, model, settings.batch_size)
+    run_metrics = dict(metrics, **training_metrics(settings, restored, train_seconds, monitor),
+                       data=job.input.describe())
     publish_model(client, settings, state, job, run_metrics, strategy.checkpoint_dir())
     log("chief: done")
     return 0
@@ -110,35 +109,42 @@ def refuse_published(client, settings: Settings) -> None:
 
 
 def load_job(client, settings: Settings) -> Job:
-    """The user's module, the test split and a local model checked against it (before any peer is asked)."""
+    """The user's module, its loss, the run's input, and a local model checked on a few test examples
+    (before any peer is asked)."""
     module = usermodel.load(settings.model_module)
-    from_logits = usermodel.from_logits(module)
-    s3 = settings.s3
-    x_test, y_test = data.load_split(client, s3.bucket, s3.dataset_prefix, "test")
+    loss = usermodel.loss_fn(module)
+    source = inputs.for_settings(settings, client, module)
+    x, y = source.probe()
+    example_shape = tuple(int(d) for d in x.shape[1:])
     # A throwaway copy: variables made before the strategy connects cannot be used after it did.
-    probe = usermodel.build_model(module, tuple(int(d) for d in x_test.shape[1:]))
-    usermodel.check_output(module, probe, x_test[:2], int(y_test.max()) + 1)
-    return Job(module, from_logits, x_test, y_test)
+    probe = usermodel.build_model(module, example_shape, settings.hparams)
+    usermodel.check_batch(module, probe, x, y, loss)
+    return Job(module, loss, source, example_shape, dict(settings.hparams))
 
 
 def build_distributed(strategy: Strategy, job: Job, learning_rate: float):
     """Connect the strategy; model and optimizer in its scope, the local copy (``job.local_model``) outside."""
     strategy.connect()
     with strategy.scope():
-        model = usermodel.build_model(job.module, job.example_shape)
+        model = usermodel.build_model(job.module, job.example_shape, job.hparams)
         optimizer = usermodel.make_optimizer(job.module, learning_rate)
         optimizer.build(model.trainable_variables)
-    job.local_model = usermodel.build_model(job.module, job.example_shape)
+    job.local_model = usermodel.build_model(job.module, job.example_shape, job.hparams)
     return model, optimizer
 
 
-def evaluate(state: ChiefState, job: Job, model) -> dict:
-    """Copy the trained weights into the chief's local model and evaluate it on the test split."""
+def evaluate(state: ChiefState, job: Job, model, batch_size: int) -> dict:
+    """Copy the trained weights into the chief's local model; its loss and metrics on the test split."""
     state.report("evaluating")
     job.local_model.set_weights(model.get_weights())
-    metrics = classification_metrics(predict_keras(job.local_model, job.x_test, job.from_logits), job.y_test)
-    log(f"test accuracy {metrics['test_accuracy']:.4f} loss {metrics['test_loss']:.4f} ({metrics['n']} examples)")
-    return {"test_accuracy": metrics["test_accuracy"], "test_loss": metrics["test_loss"]}
+    metrics = usermodel.metric_objects(job.module, job.loss)
+    result = evaluation.evaluate(evaluation.keras_predictor(job.local_model),
+                                 job.input.test_batches(max(batch_size, evaluation.EVAL_BATCH)), job.loss, metrics)
+    n = result.pop("n")
+    result["headline"] = evaluation.headline(metrics)
+    log(" ".join(f"{k.removeprefix('test_')} {v:.4f}" for k, v in result.items() if k.startswith("test_"))
+        + f" on {n} test examples")
+    return dict(result, test_examples=n)
 
 
 def training_metrics(settings: Settings, restored: int, train_seconds: float, monitor: PeerMonitor) -> dict:
@@ -159,19 +165,20 @@ def training_metrics(settings: Settings, restored: int, train_seconds: float, mo
 def publish_model(client, settings: Settings, state: ChiefState, job: Job, run_metrics: dict,
                   checkpoint_dir: Path) -> None:
     """Export the SavedModel and publish it; a failure leaves the unpublished marker for ``down``."""
-    state.report("publishing", accuracy=run_metrics["test_accuracy"])
+    headline = run_metrics["headline"]
+    state.report("publishing", metric=headline, value=run_metrics[headline])
     started = time.monotonic()
     model_dir = Path(settings.state_dir) / "model"
     shutil.rmtree(model_dir, ignore_errors=True)
-    publish.export_saved_model(job.local_model, job.example_shape, job.from_logits, model_dir)
+    publish.export_saved_model(job.local_model, job.example_shape, usermodel.probability_fn(job.loss), model_dir)
     s3 = settings.s3
     try:
         publish.publish_run(client, s3.bucket, s3.run_prefix, model_dir, run_metrics, run_id=settings.run_id,
-                            cluster=settings.cluster, dataset_prefix=s3.dataset_prefix, log=log)
+                            cluster=settings.cluster, log=log)
     except Exception as exc:
         unpublished.mark(settings.state_dir, settings.run_id, settings.steps, f"publishing failed: {exc}",
                          checkpoint_dir)
         raise
     unpublished.clear(settings.state_dir)
-    state.report("done", accuracy=run_metrics["test_accuracy"],
+    state.report("done", metric=headline, value=run_metrics[headline],
                  publish_seconds=round(time.monotonic() - started, 3))

@@ -1,10 +1,16 @@
-"""Evaluating class probabilities, and a published SavedModel in this process.
+"""Metrics on the test split: the chief's, and a published SavedModel's in a fresh process.
 
-The chief evaluates its trained model with :func:`predict_keras` and :func:`classification_metrics`.
-``python -m tfc_harness.evaluate MODEL_DIR TEST_NPZ`` loads the SavedModel, runs its ``serving_default``
-signature over the test split and prints one JSON line ``{"test_accuracy": ..., "test_loss": ..., "n": ...}``.
-:mod:`tfc_harness.verify` runs it in a fresh interpreter so that nothing from the caller's process (a
-model class, cached variables) can stand in for what was actually published.
+Both sides compute the same thing the same way (:class:`Evaluation`): the mean of the module's loss and
+each of its metrics (``metrics()``, see :mod:`tfc_harness.usermodel`) over the model's raw outputs, batch
+by batch.  The chief feeds it its trained Keras model's outputs; the verifier the ``outputs`` of the
+SavedModel's ``serving_default`` signature, which returns the model's outputs unchanged (and, for a
+classifier trained on logits, ``probabilities`` too).
+
+``python -m tfc_harness.evaluate MODEL_DIR MODULE TEST_SPEC_JSON`` loads the SavedModel and the user's module,
+reads the test split the spec names (local files only: ``{"source": "arrays", "npz": path}`` or
+``{"source": "files", "format": ..., "paths": [...], "columns": ..., "label": ...}``) and prints one JSON
+line of metrics.  :mod:`tfc_harness.verify` runs it in a fresh interpreter so that nothing from the
+caller's process can stand in for what was actually published.
 """
 
 from __future__ import annotations
@@ -12,39 +18,65 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 SIGNATURE = "serving_default"
+OUTPUTS = "outputs"
+PROBABILITIES = "probabilities"
 EVAL_BATCH = 512
 
 
-def classification_metrics(probabilities: np.ndarray, y: np.ndarray) -> dict:
-    """Accuracy and mean cross-entropy of ``[N, classes]`` probabilities against class ids ``y``."""
-    probabilities = np.asarray(probabilities, dtype=np.float64)
-    y = np.asarray(y).astype(np.int64)
-    if probabilities.ndim != 2 or len(probabilities) != len(y):
-        raise ValueError(f"need probabilities [N, classes] for {len(y)} labels (got {probabilities.shape})")
-    picked = probabilities[np.arange(len(y)), y]
-    return {"test_accuracy": float(np.mean(np.argmax(probabilities, axis=1) == y)),
-            "test_loss": float(np.mean(-np.log(np.clip(picked, 1e-12, 1.0)))),
-            "n": int(len(y))}
+class Evaluation:
+    """The loss (mean over examples) and each metric over batches of ``(y, outputs)``."""
+
+    def __init__(self, loss, metrics: list):
+        self.loss, self.metrics = loss, metrics
+        self.loss_sum, self.n = 0.0, 0
+
+    def update(self, y, outputs) -> None:
+        import tensorflow as tf
+
+        count = len(y)
+        # the batch's mean loss, whether the loss returns one value per example or reduces the batch itself
+        self.loss_sum += float(tf.reduce_mean(tf.cast(self.loss(y, outputs), tf.float64))) * count
+        self.n += count
+        for metric in self.metrics:
+            metric.update_state(y, outputs)
+
+    def result(self) -> dict:
+        """``{"test_loss": ..., "test_<metric>": ..., "n": ...}``."""
+        if not self.n:
+            raise ValueError("the test split has no examples")
+        out = {"test_loss": self.loss_sum / self.n}
+        out.update({f"test_{m.name}": float(m.result()) for m in self.metrics})
+        out["n"] = self.n
+        return out
 
 
-def predict_keras(model, x: np.ndarray, from_logits: bool) -> np.ndarray:
-    """Class probabilities from a Keras model in this process (softmax of its outputs if they are logits)."""
-    import tensorflow as tf
-
-    out = []
-    for start in range(0, len(x), EVAL_BATCH):
-        scores = model(tf.constant(x[start:start + EVAL_BATCH]), training=False)
-        out.append((tf.nn.softmax(scores) if from_logits else scores).numpy())
-    return np.concatenate(out)
+def headline(metrics: list) -> str:
+    """The metric ``make train`` and the run record lead with: the first metric, else the loss."""
+    return f"test_{metrics[0].name}" if metrics else "test_loss"
 
 
-def predict_saved_model(model_dir: str, x: np.ndarray) -> np.ndarray:
-    """Probabilities from the SavedModel's ``serving_default`` signature (single input, first output)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+def evaluate(predict: Callable, batches: Iterable, loss, metrics: list) -> dict:
+    """Run ``predict(x) -> outputs`` over ``(x, y)`` batches and return :meth:`Evaluation.result`."""
+    evaluation = Evaluation(loss, metrics)
+    for x, y in batches:
+        evaluation.update(y, predict(x))
+    return evaluation.result()
+
+
+def keras_predictor(model) -> Callable:
+    """Outputs of a Keras model in this process (inference mode)."""
+    def predict(x):
+        return model(x, training=False)
+    return predict
+
+
+def saved_model_predictor(model_dir: str) -> Callable:
+    """The ``outputs`` of the SavedModel's ``serving_default`` signature (one input)."""
     import tensorflow as tf
 
     loaded = tf.saved_model.load(model_dir)
@@ -55,27 +87,58 @@ def predict_saved_model(model_dir: str, x: np.ndarray) -> np.ndarray:
     if len(kwargs) != 1:
         raise ValueError(f"{SIGNATURE} must take exactly one input (takes {sorted(kwargs)})")
     (name, spec), = kwargs.items()
-    outputs = []
-    for start in range(0, len(x), EVAL_BATCH):
-        batch = tf.constant(x[start:start + EVAL_BATCH], dtype=spec.dtype)
-        result = fn(**{name: batch})
-        outputs.append(result["probabilities"] if "probabilities" in result
-                       else next(iter(result.values())))
-    return np.concatenate([o.numpy() for o in outputs])
+
+    def predict(x):
+        result = fn(**{name: tf.cast(x, spec.dtype)})
+        if OUTPUTS not in result:
+            raise ValueError(f"{SIGNATURE} returns {sorted(result)}, not {OUTPUTS!r}")
+        return result[OUTPUTS]
+
+    predict.keepalive = loaded   # the signature needs its object alive
+    return predict
 
 
-def evaluate_saved_model(model_dir: str, test_npz: str) -> dict:
-    with np.load(test_npz, allow_pickle=False) as npz:
-        x, y = npz["x"].astype(np.float32), npz["y"]
-    return classification_metrics(predict_saved_model(model_dir, x), y)
+def array_batches(x: np.ndarray, y: np.ndarray, batch_size: int = EVAL_BATCH):
+    for start in range(0, len(x), batch_size):
+        yield x[start:start + batch_size], y[start:start + batch_size]
+
+
+def spec_batches(spec: dict, module, batch_size: int = EVAL_BATCH):
+    """Batches of the test split a spec names (local files; see the module docstring)."""
+    if spec["source"] == "arrays":
+        from . import data
+
+        with np.load(spec["npz"], allow_pickle=False) as npz:
+            x, y = data.check_arrays(npz["x"], npz["y"], spec["npz"])
+        return array_batches(x, y, batch_size)
+    import tensorflow as tf
+
+    from . import formats
+
+    read = formats.reader(spec["format"], decode=getattr(module, "decode", None), columns=spec.get("columns"),
+                          label=spec.get("label"))
+    dataset = read(tf.data.Dataset.from_tensor_slices(list(spec["paths"]))).batch(batch_size)
+    return ((x.numpy() if hasattr(x, "numpy") else x, y.numpy()) for x, y in dataset)
+
+
+def evaluate_saved_model(model_dir: str, module_path: str, spec: dict) -> dict:
+    from . import usermodel
+
+    module = usermodel.load(module_path)
+    loss = usermodel.loss_fn(module)
+    metrics = usermodel.metric_objects(module, loss)
+    result = evaluate(saved_model_predictor(model_dir), spec_batches(spec, module), loss, metrics)
+    result["headline"] = headline(metrics)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m tfc_harness.evaluate MODEL_DIR TEST_NPZ", file=sys.stderr)
+    if len(args) != 3:
+        print("usage: python -m tfc_harness.evaluate MODEL_DIR MODULE TEST_SPEC_JSON", file=sys.stderr)
         return 2
-    print(json.dumps(evaluate_saved_model(*args)), flush=True)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    print(json.dumps(evaluate_saved_model(args[0], args[1], json.loads(args[2]))), flush=True)
     return 0
 
 

@@ -1,18 +1,18 @@
 """The ``parameter_server`` strategy: ParameterServerStrategy with a ClusterCoordinator on the chief.
 
-ps tasks hold the variables and only serve; each worker first writes its own shard of the training split
-(:func:`tfc_harness.server.prepare_worker_shard`) and then serves; the chief runs the loop, and its
-``ClusterCoordinator`` spreads the scheduled steps over the workers, each reading its local shard
-(:mod:`tfc_harness.records`).  ``model.fit`` does not work with this strategy under Keras 3, hence the
-harness's own loop.  Checkpoints are written by the chief only, with their I/O pinned to the chief
-(without that each ps would write its part to its own disk).
+ps tasks hold the variables and only serve; each worker first prepares its own part of the training data
+(:meth:`tfc_harness.inputs.ArrayInput.prepare_worker`: a local shard, or a stream of its files) and then
+serves; the chief runs the loop, and its ``ClusterCoordinator`` spreads the scheduled steps over the
+workers, each reading its own data (:mod:`tfc_harness.inputs`).  ``model.fit`` does not work with this
+strategy under Keras 3, hence the harness's own loop.  Checkpoints are written by the chief only, with
+their I/O pinned to the chief (without that each ps would write its part to its own disk).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import records, server
+from . import inputs, s3io, server
 from .strategies import Strategy
 
 LOSS_SAMPLES = 8   # remote losses fetched per train(n) call
@@ -25,9 +25,10 @@ class ParameterServer(Strategy):
         return self.settings.role == "chief"
 
     def serve(self) -> int:
+        feed = None
         if self.settings.role == "worker":
-            server.prepare_worker_shard(self.settings)
-        return server.serve(self.settings)
+            feed = inputs.for_settings(self.settings, s3io.client_from_settings(self.settings)).prepare_worker()
+        return server.serve(self.settings, feed)
 
     def connect(self) -> None:
         import tensorflow as tf
@@ -39,8 +40,7 @@ class ParameterServer(Strategy):
     def scope(self):
         return self.tf_strategy.scope()
 
-    def make_dataset(self, example_shape: tuple[int, ...], batch_size: int):
-        dataset_fn = records.make_dataset_fn(example_shape, batch_size)
+    def make_dataset(self, dataset_fn):
         return iter(self.coordinator.create_per_worker_dataset(dataset_fn))
 
     def make_train_fn(self, replica_step, dataset):

@@ -3,11 +3,16 @@
 Layout (written in this order; readers trust a run only once ``_SUCCESS`` exists)::
 
     model/...        every file of the SavedModel
-    manifest.json    sha256 and size of each model file (:mod:`tfc_harness.manifest`), plus the
-                     dataset_prefix whose test split evaluates it
-    metrics.json     test_accuracy, test_loss, steps, examples_per_sec, train_seconds, workers,
-                     restored_from_step (required), peer_failures, peer_rejoins
+    manifest.json    sha256 and size of each model file (:mod:`tfc_harness.manifest`)
+    metrics.json     test_loss and test_<metric> for each of the module's metrics, headline (the key of
+                     the first metric, else test_loss), test_examples, steps, examples_per_sec,
+                     train_seconds, workers, restored_from_step (required), peer_failures, peer_rejoins,
+                     data (what the run trained and was evaluated on: the arrays' prefix and sha256, or
+                     every file with its ETag)
     _SUCCESS         empty marker, last
+
+The SavedModel's ``serving_default`` takes ``x`` and returns ``outputs`` (the model's outputs unchanged)
+and, for a classifier trained on logits, ``probabilities`` (their softmax or sigmoid).
 """
 
 from __future__ import annotations
@@ -21,18 +26,22 @@ from . import manifest, s3io
 SUCCESS = "_SUCCESS"
 MANIFEST = "manifest.json"
 METRICS = "metrics.json"
-METRICS_KEYS = ("test_accuracy", "test_loss", "steps", "examples_per_sec", "train_seconds", "workers",
+METRICS_KEYS = ("test_loss", "headline", "steps", "examples_per_sec", "train_seconds", "workers",
                 "restored_from_step")
 
 
-def export_saved_model(model, example_shape: tuple[int, ...], from_logits: bool, path: str | os.PathLike):
-    """Write ``model`` as a SavedModel whose ``serving_default`` maps ``x`` to ``probabilities``."""
+def export_saved_model(model, example_shape: tuple[int, ...], probability_fn: str | None,
+                       path: str | os.PathLike):
+    """Write ``model`` as a SavedModel whose ``serving_default`` maps ``x`` to ``outputs`` (and
+    ``probabilities``: ``probability_fn`` "softmax" or "sigmoid" of them, when it is given)."""
     import keras
     import tensorflow as tf
 
+    activation = {"softmax": tf.nn.softmax, "sigmoid": tf.sigmoid, None: None}[probability_fn]
+
     def serve(x):
         out = model(x, training=False)
-        return {"probabilities": tf.nn.softmax(out) if from_logits else out}
+        return {"outputs": out, "probabilities": activation(out)} if activation else {"outputs": out}
 
     archive = keras.export.ExportArchive()
     archive.track(model)
@@ -47,18 +56,13 @@ def published(s3_client, bucket: str, run_prefix: str) -> bool:
 
 
 def publish_run(s3_client, bucket: str, run_prefix: str, model_dir: str | os.PathLike, metrics: dict,
-                run_id: str, cluster: str, dataset_prefix: str | None = None, log=print) -> dict:
-    """Upload model files, manifest.json, metrics.json and then ``_SUCCESS``; returns the manifest.
-
-    ``dataset_prefix`` is recorded in the manifest so that a verifier can find the test split.
-    """
-    missing = [k for k in METRICS_KEYS if k not in metrics]
+                run_id: str, cluster: str, log=print) -> dict:
+    """Upload model files, manifest.json, metrics.json and then ``_SUCCESS``; returns the manifest."""
+    missing = [k for k in (*METRICS_KEYS, metrics.get("headline")) if k not in metrics]
     if missing:
         raise ValueError(f"metrics lack {missing}")
     files = manifest.model_files(model_dir)
     doc = manifest.build_manifest(files, run_id=run_id, cluster=cluster)
-    if dataset_prefix:
-        doc["dataset_prefix"] = dataset_prefix
     for key, path in files.items():
         s3io.upload_file(s3_client, path, bucket, s3io.join_key(run_prefix, key))
     s3io.upload_bytes(s3_client, json.dumps(doc, indent=2, sort_keys=True).encode(), bucket,

@@ -19,8 +19,18 @@ SHARD_PATH = "data/train-shard.tfrecord"  # relative to the process's working di
 SHUFFLE_BUFFER = 10_000
 
 
+def _label_feature(yi: np.ndarray):
+    import tensorflow as tf
+
+    flat = np.ravel(yi)
+    if np.issubdtype(flat.dtype, np.integer):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=flat.tolist()))
+    return tf.train.Feature(float_list=tf.train.FloatList(value=flat.astype(np.float32).tolist()))
+
+
 def write_tfrecord(path: str | os.PathLike, x: np.ndarray, y: np.ndarray) -> Path:
-    """Write ``(x, y)`` rows as ``tf.train.Example`` records (x flattened); temp file, then rename."""
+    """Write ``(x, y)`` rows as ``tf.train.Example`` records (both flattened; y int64 or float); temp file,
+    then rename."""
     import tensorflow as tf
 
     target = Path(path)
@@ -30,23 +40,24 @@ def write_tfrecord(path: str | os.PathLike, x: np.ndarray, y: np.ndarray) -> Pat
         for xi, yi in zip(x, y, strict=True):
             example = tf.train.Example(features=tf.train.Features(feature={
                 "x": tf.train.Feature(float_list=tf.train.FloatList(value=np.ravel(xi).tolist())),
-                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(yi)])),
+                "y": _label_feature(np.asarray(yi)),
             }))
             writer.write(example.SerializeToString())
     os.replace(tmp, target)
     return target
 
 
-def make_dataset_fn(example_shape: tuple[int, ...], batch_size: int, path: str = SHARD_PATH):
+def make_dataset_fn(example_shape: tuple[int, ...], batch_size: int, path: str = SHARD_PATH,
+                    label_shape: tuple[int, ...] = (), label_dtype: str = "int64"):
     """A ``dataset_fn`` for ``ClusterCoordinator.create_per_worker_dataset``: shuffled, repeated, batched."""
     import tensorflow as tf
 
-    size = math.prod(example_shape)
-    spec = {"x": tf.io.FixedLenFeature([size], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
+    spec = {"x": tf.io.FixedLenFeature([math.prod(example_shape)], tf.float32),
+            "y": tf.io.FixedLenFeature([math.prod(label_shape)], tf.as_dtype(label_dtype))}
 
     def parse(record):
         row = tf.io.parse_single_example(record, spec)
-        return tf.reshape(row["x"], example_shape), row["y"]
+        return tf.reshape(row["x"], example_shape), tf.reshape(row["y"], label_shape)
 
     def dataset_fn():
         return (tf.data.TFRecordDataset(path)

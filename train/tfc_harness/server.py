@@ -1,41 +1,35 @@
-"""Tasks that only serve: TensorFlow's gRPC server until stopped, and a worker's data shard before it.
+"""Tasks that only serve: TensorFlow's gRPC server until stopped.
 
-A ``parameter_server`` worker first fetches ``<dataset_prefix>/train.npz``, keeps rows
-``index::num_workers`` and writes them to ``<state_dir>/data/train-shard.tfrecord`` before its server
-starts, so a worker that accepts connections always has its data.  A serving task never exits by itself
-(``join()``): the playbook stops it.
+A ``parameter_server`` worker prepares its data first (:mod:`tfc_harness.inputs`), so a worker that
+accepts connections always has its data (or is streaming it).  A serving task never exits by itself: the
+playbook stops it.  While it serves, its status.json is refreshed with the data stream's figures (bytes,
+MB/s, epoch), which ``make status`` and the progress lines show.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import time
 
-from . import data, records, s3io
 from .settings import Settings
 from .status import write_status
 
-
-def prepare_worker_shard(settings: Settings, s3_client=None) -> Path:
-    """Download the training split and write this worker's shard; returns the TFRecord path."""
-    s3 = settings.s3
-    s3_client = s3_client or s3io.client_from_settings(settings)
-    x, y = data.load_split(s3_client, s3.bucket, s3.dataset_prefix, "train")
-    x, y = data.shard_rows(x, y, settings.index, settings.num_workers)
-    path = records.write_tfrecord(Path(settings.state_dir) / records.SHARD_PATH, x, y)
-    print(f"worker {settings.index}: wrote {len(x)} of the training rows to {path}", flush=True)
-    return path
+STATUS_EVERY_S = 5.0
 
 
-def serve(settings: Settings) -> int:
-    """Start the server from TF_CONFIG (already set by the runner), report ``serving`` and block forever."""
+def serve(settings: Settings, feed=None) -> int:
+    """Start the server from TF_CONFIG (already set by the runner), report ``serving`` and block forever.
+
+    ``feed`` is a worker's data stream (anything with ``stats() -> dict``), or None."""
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
-                                  task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc",
-                                  start=True)
+                                  task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc", start=True)
     address = settings.cluster_spec[settings.role][settings.index]
     write_status(settings.state_dir, role=settings.role, phase="serving", address=address)
     print(f"{settings.role} {settings.index}: serving on {address}", flush=True)
-    server.join()
-    return 0
+    if feed is None:
+        server.join()
+    while True:
+        time.sleep(STATUS_EVERY_S)
+        write_status(settings.state_dir, role=settings.role, phase="serving", address=address, data=feed.stats())

@@ -89,7 +89,27 @@ class S3Location(_Strict):
     bucket: Text = Field(description="bucket holding datasets, checkpoints and published runs")
     run_prefix: Prefix = Field(description="this run's results: model/, manifest.json, metrics.json, _SUCCESS")
     checkpoint_prefix: Prefix = Field(description="checkpoints, shared by the runs that resume each other")
-    dataset_prefix: Prefix = Field(description="train.npz and test.npz")
+    dataset_prefix: Prefix = Field(description="train.npz and test.npz (when the data are the module's arrays)")
+
+
+class DataFile(_Strict):
+    """One object of a data set in object storage, as listed when the run started."""
+
+    key: Text
+    size: int = Field(ge=0)
+    etag: str
+
+
+class FileData(_Strict):
+    """Training and test files in object storage (the cluster file's ``data:``), assigned to workers."""
+
+    source: Literal["files"]
+    format: Literal["tfrecord", "csv"]
+    bucket: Text = Field(description="the bucket the files are in (same endpoint as s3)")
+    label: str | None = Field(None, description="csv: the label column")
+    columns: list[str] | None = Field(None, description="csv: the header's column names")
+    train: list[list[DataFile]] = Field(description="each worker's files, by worker index")
+    test: list[DataFile] = Field(min_length=1, description="the test split's files")
 
 
 class Task(_Strict):
@@ -120,6 +140,10 @@ class Settings(_Strict):
     learning_rate: float = Field(gt=0, description="the optimizer's learning rate")
     checkpoint_every: int = Field(ge=1, description="steps between checkpoints")
     s3: S3Location = Field(description="where datasets, checkpoints and published runs live")
+    data: FileData | None = Field(None, description="files in object storage; null: the arrays under "
+                                                     "s3.dataset_prefix (the module's make_dataset())")
+    hparams: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="passed to build_model(hparams) (training.hparams)")
     state_dir: Text = Field(description="local dir: status.json, data shard, checkpoints, model")
     max_runtime_s: int = Field(ge=1, description="the chief gives up (exit 3) after this many seconds")
     start_timeout_s: int | None = Field(
@@ -171,6 +195,9 @@ def _cluster_problems(s: Settings) -> list[str]:
         return [f"tf_config.task must match role={s.role!r} index={s.index} (got {task.model_dump()!r})"]
     if s.role not in cluster or s.index >= len(cluster[s.role]):
         return [f"index is out of range for {len(cluster.get(s.role, ()))} {s.role} task(s) (got {s.index})"]
+    if s.data is not None and (len(s.data.train) != s.num_workers or not all(s.data.train)):
+        return [f"data.train must give each of the {s.num_workers} workers at least one file "
+                f"(got {[len(files) for files in s.data.train]} files per worker)"]
     return []
 
 

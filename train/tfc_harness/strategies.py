@@ -72,8 +72,8 @@ def shape_problems(strategy: str, counts: Mapping[str, int]) -> list[str]:
 class Strategy(abc.ABC):
     """One distribution strategy on one node: what its tasks run and how the loop drives training.
 
-    A node that does not run the training loop (:meth:`runs_loop` is False, e.g. a parameter server)
-    calls :meth:`serve` and nothing else.  A node that runs the loop calls, in order: :meth:`connect`;
+    A node that does not run the training loop (:meth:`runs_loop` is False, e.g. a parameter server or a
+    worker) calls :meth:`serve` and nothing else.  A node that runs the loop calls, in order: :meth:`connect`;
     builds model and optimizer inside :meth:`scope`; :meth:`make_dataset`; :meth:`make_train_fn`; then
     the loop calls the train function with a step count, and checkpoints go to :meth:`checkpoint_dir`
     with :meth:`checkpoint_options`.
@@ -105,8 +105,9 @@ class Strategy(abc.ABC):
         """Context manager under which the model's and optimizer's variables are created."""
 
     @abc.abstractmethod
-    def make_dataset(self, example_shape: tuple[int, ...], batch_size: int) -> Any:
-        """The input the train function reads: each worker's own batches of ``batch_size`` examples."""
+    def make_dataset(self, dataset_fn: Callable) -> Any:
+        """The input the train function reads, from ``dataset_fn`` (each worker's own batches; see
+        :meth:`tfc_harness.inputs.ArrayInput.dataset_fn`)."""
 
     @abc.abstractmethod
     def make_train_fn(self, replica_step: Callable, dataset: Any) -> Callable[[int], list[float]]:

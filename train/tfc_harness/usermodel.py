@@ -1,18 +1,30 @@
-"""Loading a user model module and calling it (the interface is documented in ``models/digits.py``).
+"""Loading a user model module and calling it: the model-module contract, version 2.
+
+The contract (documented for users in ``train/README.md``, "The model module")::
+
+    def build_model(): ...              # required; may take one parameter, ``hparams`` (a dict)
+    def make_dataset(): ...             # small data built on the controller: {"train": (x, y), "test": (x, y)}
+    def decode(record): ...             # TFRecord data in object storage: serialized record -> (features, label)
+    loss = "mse"                        # a Keras loss name, a keras.losses object or fn(y_true, y_pred);
+                                        #   default: sparse categorical cross-entropy (from logits: FROM_LOGITS)
+    def metrics(): ...                  # Keras metrics on the test split, the first is the headline;
+                                        #   default: accuracy with the default loss, none (the loss) otherwise
+    def make_optimizer(learning_rate): ...   # optional, default Adam
+    FROM_LOGITS = True                  # optional, version 1: whether build_model outputs logits
+
+Data comes from ``make_dataset()`` or from files in object storage (the cluster file's ``data:``, read with
+``decode`` for TFRecord), so ``make_dataset`` is no longer required by :func:`load`.
 
 ``model_module`` is either a bare name, looked up as ``<harness_dir>/models/<name>.py`` (the ``models``
-folder next to this package), or an absolute path to a ``.py`` file.  Required: ``build_model()`` and
-``make_dataset()``.  Optional: ``FROM_LOGITS`` (bool, default True) and ``make_optimizer(learning_rate)``
-(default: Keras Adam).
-
-Whatever goes wrong in the user's code (an import error, an exception in one of its functions, a value
-the harness cannot use) is raised as :class:`ModelModuleError` naming the module's file and the
-function, never as a bare traceback from inside the harness.
+folder next to this package), or an absolute path to a ``.py`` file.  Whatever goes wrong in the user's
+code (an import error, an exception in one of its functions, a value the harness cannot use) is raised as
+:class:`ModelModuleError` naming the module's file and the function, never as a bare traceback.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 import sys
 from pathlib import Path
@@ -24,8 +36,12 @@ from .errors import ModelModuleError
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-__all__ = ["ModelModuleError", "build_model", "call", "check_output", "fail", "from_logits", "label", "load",
-           "make_optimizer", "resolve_path"]
+__all__ = ["ModelModuleError", "build_model", "call", "check_batch", "fail", "from_logits", "label", "load",
+           "loss_fn", "make_optimizer", "metric_objects", "probability_fn", "resolve_path"]
+
+# Loss classes whose logits the served model turns into probabilities, and how.
+_SOFTMAX_LOSSES = {"SparseCategoricalCrossentropy", "CategoricalCrossentropy", "CategoricalFocalCrossentropy"}
+_SIGMOID_LOSSES = {"BinaryCrossentropy", "BinaryFocalCrossentropy"}
 
 
 def label(module: ModuleType) -> str:
@@ -87,10 +103,19 @@ def load(model_module: str | ModuleType, models_dir: Path = MODELS_DIR) -> Modul
         module = model_module
     else:
         module = _import(resolve_path(model_module, models_dir))
-    for fn in ("build_model", "make_dataset"):
-        if not callable(getattr(module, fn, None)):
-            raise ModelModuleError(f"model module {label(module)} has no {fn}() function")
+    if not callable(getattr(module, "build_model", None)):
+        raise ModelModuleError(f"model module {label(module)} has no build_model() function")
+    for optional in ("make_dataset", "decode", "metrics", "make_optimizer"):
+        value = getattr(module, optional, None)
+        if value is not None and not callable(value):
+            raise ModelModuleError(f"model module {label(module)}: {optional} must be a function "
+                                   f"(got {type(value).__name__})")
     return module
+
+
+def has_dataset(module: ModuleType) -> bool:
+    """Whether the module builds its own (small) data set with ``make_dataset()``."""
+    return callable(getattr(module, "make_dataset", None))
 
 
 def from_logits(module: ModuleType) -> bool:
@@ -112,12 +137,27 @@ def make_optimizer(module: ModuleType, learning_rate: float):
     return optimizer
 
 
-def build_model(module: ModuleType, example_shape: tuple[int, ...]):
-    """A new model from ``build_model()``, built for ``[None, *example_shape]`` inputs if it is not yet."""
-    model = call(module, "build_model")
+def takes_hparams(module: ModuleType) -> bool:
+    """Whether ``build_model`` takes a parameter (it then gets ``training.hparams``)."""
+    try:
+        params = inspect.signature(module.build_model).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
+
+
+def build_model(module: ModuleType, example_shape: tuple[int, ...] | None, hparams: dict | None = None):
+    """A new model from ``build_model([hparams])``, built for ``[None, *example_shape]`` if it is not yet."""
+    if takes_hparams(module):
+        model = call(module, "build_model", dict(hparams or {}))
+    elif hparams:
+        raise fail(module, "build_model", f"takes no parameter, but training.hparams is set ({hparams}); "
+                   "define build_model(hparams) to use them")
+    else:
+        model = call(module, "build_model")
     if not callable(model) or not hasattr(model, "trainable_variables"):
         raise fail(module, "build_model", f"returned {type(model).__name__}, not a Keras model")
-    if not model.built:
+    if not model.built and example_shape is not None:
         try:
             model.build((None, *example_shape))
         except Exception as exc:
@@ -126,15 +166,117 @@ def build_model(module: ModuleType, example_shape: tuple[int, ...]):
     return model
 
 
-def check_output(module: ModuleType, model, x, num_classes: int) -> None:
-    """Run ``model`` on a few examples: it must give one score per class (``[n, >= num_classes]``)."""
+def loss_fn(module: ModuleType):
+    """The module's ``loss`` as a callable ``(y_true, y_pred) -> loss``; the default is sparse categorical
+    cross-entropy (from logits unless ``FROM_LOGITS = False``)."""
+    import keras
+
+    value = getattr(module, "loss", None)
+    if value is None:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits(module))
+    if isinstance(value, str):
+        try:
+            return keras.losses.get(value)
+        except (ValueError, TypeError):
+            raise ModelModuleError(f"model module {label(module)}: loss {value!r} is not a Keras loss name "
+                                   "(e.g. 'mse', 'mae', 'binary_crossentropy', "
+                                   "'sparse_categorical_crossentropy'), a keras.losses object or a function "
+                                   "fn(y_true, y_pred)") from None
+    if callable(value):
+        return value
+    raise ModelModuleError(f"model module {label(module)}: loss must be a Keras loss name, a keras.losses "
+                           f"object or a function fn(y_true, y_pred) (got {type(value).__name__})")
+
+
+def probability_fn(loss) -> str | None:
+    """``"softmax"`` or ``"sigmoid"`` when ``loss`` is a classification loss on logits (the served model
+    then also returns probabilities), else None."""
+    kind = type(loss).__name__
+    try:
+        on_logits = bool(loss.get_config().get("from_logits"))
+    except Exception:
+        return None
+    if on_logits and kind in _SOFTMAX_LOSSES:
+        return "softmax"
+    if on_logits and kind in _SIGMOID_LOSSES:
+        return "sigmoid"
+    return None
+
+
+def _accuracy_for(loss):
+    """What ``"accuracy"`` means for this loss (as ``Model.compile`` decides it)."""
+    import keras
+
+    kind, on_logits = type(loss).__name__, probability_fn(loss) is not None
+    if kind == "SparseCategoricalCrossentropy":
+        return keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+    if kind == "CategoricalCrossentropy":
+        return keras.metrics.CategoricalAccuracy(name="accuracy")
+    if kind == "BinaryCrossentropy":
+        return keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0 if on_logits else 0.5)
+    return keras.metrics.Accuracy(name="accuracy")
+
+
+def metric_objects(module: ModuleType, loss=None) -> list:
+    """New Keras metric objects from ``metrics()`` (names unique; strings resolved by Keras, ``"accuracy"``
+    as ``compile`` would for this loss).  Default: accuracy with the default loss, else none."""
+    import keras
+
+    loss = loss if loss is not None else loss_fn(module)
+    if getattr(module, "metrics", None) is None:
+        return [_accuracy_for(loss)] if getattr(module, "loss", None) is None else []
+    items = call(module, "metrics")
+    if not isinstance(items, (list, tuple)):
+        raise fail(module, "metrics", f"returned {type(items).__name__}; it must return a list of Keras metrics")
+    out = []
+    for item in items:
+        if isinstance(item, str) and item in ("accuracy", "acc"):
+            item = _accuracy_for(loss)
+        elif isinstance(item, str):
+            try:
+                item = keras.metrics.get(item)
+            except (ValueError, TypeError):
+                raise fail(module, "metrics", f"returned {item!r}, which is not a Keras metric name") from None
+        if not isinstance(item, keras.metrics.Metric):
+            raise fail(module, "metrics", f"returned {type(item).__name__}, not a keras.metrics.Metric (or name)")
+        out.append(item)
+    names = [m.name for m in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise fail(module, "metrics", f"returned metrics with the same name {twice}; give each its own name=")
+    return out
+
+
+def check_batch(module: ModuleType, model, x, y, loss=None) -> None:
+    """Run ``model`` on one batch and the loss and metrics on its output: the labels must fit the loss.
+
+    Raises :class:`ModelModuleError` naming what failed (the model, the loss or a metric) and the shapes.
+    """
+    import numpy as np
+
+    loss = loss if loss is not None else loss_fn(module)
     try:
         out = model(x, training=False)
     except Exception as exc:
         raise fail(module, "build_model", f"returned a model that fails on inputs of shape {tuple(x.shape)}: "
                    f"{type(exc).__name__}: {exc}") from exc
-    shape = tuple(out.shape)
-    if len(shape) != 2 or shape[0] != len(x) or shape[1] < max(num_classes, 2):
-        raise fail(module, "build_model", f"returned a model whose output has shape {shape} for {len(x)} "
-                   f"examples; it must output one score per class ([{len(x)}, >= {max(num_classes, 2)}]): "
-                   "the harness trains classifiers with sparse categorical cross-entropy")
+    shapes = f"labels of shape {tuple(np.shape(y))} and model outputs of shape {tuple(out.shape)}"
+    try:
+        values = np.asarray(loss(y, out))
+    except Exception as exc:
+        raise ModelModuleError(f"model module {label(module)}: the loss fails on {shapes}: "
+                               f"{type(exc).__name__}: {exc}") from exc
+    n = len(x)
+    if values.ndim >= 2 and values.shape[:2] == (n, n) and n > 1:
+        raise ModelModuleError(f"model module {label(module)}: the loss broadcasts {shapes} to "
+                               f"{values.shape}; make the labels' shape match the outputs'")
+    if not np.all(np.isfinite(values)):
+        raise ModelModuleError(f"model module {label(module)}: the loss is not finite on {shapes} "
+                               "(labels outside what the loss accepts?)")
+    for metric in metric_objects(module, loss):
+        try:
+            metric.update_state(y, out)
+            float(metric.result())
+        except Exception as exc:
+            raise ModelModuleError(f"model module {label(module)}: metric {metric.name!r} fails on {shapes}: "
+                                   f"{type(exc).__name__}: {exc}") from exc

@@ -1,14 +1,18 @@
 """Reading a published run back from S3 and evaluating it in a fresh Python process (controller side).
 
-``verify_run`` refuses a run without ``_SUCCESS``, downloads every object under the run prefix, checks each
-file against ``manifest.json`` (sha256 and size; a file under ``model/`` that the manifest does not list
-is also an error), then runs ``python -m tfc_harness.evaluate`` with ``sys.executable`` on the test split.
+``verify_run`` refuses a run without ``_SUCCESS``, downloads ``manifest.json``, ``metrics.json`` and every
+model file the manifest lists, checks each against the manifest (sha256 and size; a file under ``model/``
+that the manifest does not list is also an error), downloads the test split the *caller* names (the
+controller's own record of the run's data, not anything the chief wrote), runs ``python -m
+tfc_harness.evaluate`` with ``sys.executable`` and compares every ``test_*`` figure with the chief's
+``metrics.json`` (:data:`TOLERANCE`).
 
 CLI::
 
-    python -m tfc_harness.verify --bucket B --run-prefix runs/c/ID --dest DIR [--endpoint URL] [--region R]
+    python -m tfc_harness.verify --bucket B --run-prefix runs/c/ID --dest DIR --module PATH
+        (--dataset-prefix datasets/NAME-HASH | --data-json FILE) [--endpoint URL] [--region R]
 
-prints ``test accuracy: 0.9xxx`` and exits 0, or prints the problem and exits 1.
+prints ``test <metric>: <value>`` for each metric and exits 0, or prints the problem and exits 1.
 """
 
 from __future__ import annotations
@@ -20,38 +24,39 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import data, manifest, publish, s3io
+from . import inputs, manifest, publish, s3io
 
 HARNESS_PARENT = Path(__file__).resolve().parent.parent   # the dir holding tfc_harness/
-EVAL_TIMEOUT_S = 300
+EVAL_TIMEOUT_S = 600
+TOLERANCE = 1e-3      # |verifier - chief| <= TOLERANCE * max(1, |chief|) for every test_* figure
 
 
 class VerificationError(RuntimeError):
     """The run is not published, incomplete, corrupted, or its model does not load."""
 
 
-def _download_run(s3_client, bucket: str, run_prefix: str, dest: Path) -> list[str]:
-    rels = []
-    folder = run_prefix.strip("/") + "/"
-    for key in s3io.list_keys(s3_client, bucket, run_prefix):
-        rel = key[len(folder):]
-        target = (dest / rel).resolve()
-        if dest not in target.parents:
-            raise VerificationError(f"refusing key {key!r}: it would land outside {dest}")
-        s3io.download_file(s3_client, bucket, key, target)
-        rels.append(rel)
-    return sorted(rels)
+def _download(s3_client, bucket: str, run_prefix: str, rel: str, dest: Path) -> Path:
+    target = (dest / rel).resolve()
+    if dest not in target.parents:
+        raise VerificationError(f"refusing {rel!r}: it would land outside {dest}")
+    return s3io.download_file(s3_client, bucket, s3io.join_key(run_prefix, rel), target)
 
 
-def evaluate_in_subprocess(model_dir: str | os.PathLike, test_npz: str | os.PathLike,
+def _model_keys(s3_client, bucket: str, run_prefix: str) -> list[str]:
+    folder = s3io.join_key(run_prefix, manifest.MODEL_DIR) + "/"
+    return sorted(key[len(run_prefix) + 1:] for key in s3io.list_keys(s3_client, bucket, folder))
+
+
+def evaluate_in_subprocess(model_dir: str | os.PathLike, module_path: str, test_spec: dict,
                            timeout_s: float = EVAL_TIMEOUT_S) -> dict:
     """Run :mod:`tfc_harness.evaluate` in a new interpreter; returns its JSON result."""
     # The evaluator needs no S3 access: keep credentials out of its environment.
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HARNESS_PARENT), env.get("PYTHONPATH")]))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    proc = subprocess.run([sys.executable, "-m", "tfc_harness.evaluate", str(model_dir), str(test_npz)],
-                          capture_output=True, text=True, env=env, timeout=timeout_s)
+    proc = subprocess.run([sys.executable, "-m", "tfc_harness.evaluate", str(model_dir), module_path,
+                           json.dumps(test_spec)], capture_output=True, text=True, env=env, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise VerificationError(f"evaluating {model_dir} failed (exit {proc.returncode}): "
@@ -59,13 +64,25 @@ def evaluate_in_subprocess(model_dir: str | os.PathLike, test_npz: str | os.Path
     return json.loads(lines[-1])
 
 
-def verify_run(s3_client, bucket: str, run_prefix: str, dest_dir: str | os.PathLike,
-               dataset_prefix: str | None = None) -> dict:
-    """Verify the run at ``s3://bucket/run_prefix`` and evaluate its model.
+def compare(recomputed: dict, published: dict) -> list[str]:
+    """The ``test_*`` figures on which the verifier and the chief disagree (or that one of them lacks)."""
+    problems = []
+    for key in sorted({k for k in (*recomputed, *published) if k.startswith("test_") and k != "test_examples"}):
+        mine, theirs = recomputed.get(key), published.get(key)
+        if mine is None or theirs is None:
+            problems.append(f"{key}: {'missing from metrics.json' if theirs is None else 'not recomputed'}")
+        elif abs(mine - theirs) > TOLERANCE * max(1.0, abs(theirs)):
+            problems.append(f"{key}: recomputed {mine:.6g}, the chief published {theirs:.6g}")
+    return problems
 
-    ``dataset_prefix`` defaults to the one the chief recorded in ``manifest.json``.  Returns
-    ``{"test_accuracy", "test_loss", "n", "files" (checked manifest keys), "metrics" (published
-    metrics.json), "model_dir"}``.  Raises :class:`VerificationError` or
+
+def verify_run(s3_client, bucket: str, run_prefix: str, dest_dir: str | os.PathLike, module_path: str,
+               dataset_prefix: str, files: dict | None = None) -> dict:
+    """Verify the run at ``s3://bucket/run_prefix`` and evaluate its model on the test split the caller
+    names (``files``: the run settings' ``data``; None: the arrays under ``dataset_prefix``).
+
+    Returns ``{"metrics" (recomputed: test_loss, test_<metric>..., n, headline), "published" (the chief's
+    metrics.json), "files" (checked manifest keys), "model_dir"}``.  Raises :class:`VerificationError` or
     :class:`tfc_harness.manifest.ManifestMismatch` (naming the bad file).
     """
     run_prefix = run_prefix.strip("/")
@@ -74,24 +91,33 @@ def verify_run(s3_client, bucket: str, run_prefix: str, dest_dir: str | os.PathL
                                 "not published completely; refusing to use it")
     dest = Path(dest_dir).resolve()
     dest.mkdir(parents=True, exist_ok=True)
-    rels = _download_run(s3_client, bucket, run_prefix, dest)
     for name in (publish.MANIFEST, publish.METRICS):
-        if name not in rels:
+        if not s3io.exists(s3_client, bucket, s3io.join_key(run_prefix, name)):
             raise VerificationError(f"s3://{bucket}/{run_prefix}/{name} is missing")
+        _download(s3_client, bucket, run_prefix, name, dest)
     doc = json.loads((dest / publish.MANIFEST).read_text())
-    checked = manifest.check_files(doc, dest)
-    unlisted = sorted(r for r in rels if r.startswith(manifest.MODEL_DIR + "/") and r not in doc["files"])
+    listed = doc.get("files") if isinstance(doc.get("files"), dict) else {}
+    unlisted = [k for k in _model_keys(s3_client, bucket, run_prefix) if k not in listed]
     if unlisted:
         raise manifest.ManifestMismatch(f"{unlisted[0]}: not listed in the manifest")
-    dataset_prefix = dataset_prefix or doc.get("dataset_prefix")
-    if not dataset_prefix:
-        raise VerificationError("no dataset_prefix given and none recorded in manifest.json")
-    test_npz = dest / "_verify" / "test.npz"
-    s3io.download_file(s3_client, bucket, data.split_key(dataset_prefix, "test"), test_npz)
-    result = evaluate_in_subprocess(dest / manifest.MODEL_DIR, test_npz)
-    result.update(files=checked, metrics=json.loads((dest / publish.METRICS).read_text()),
-                  model_dir=str(dest / manifest.MODEL_DIR))
-    return result
+    for rel in sorted(listed):
+        _download(s3_client, bucket, run_prefix, rel, dest)
+    checked = manifest.check_files(doc, dest)
+    spec = inputs.verify_spec(s3_client, bucket, dataset_prefix, files, dest / "_verify")
+    recomputed = evaluate_in_subprocess(dest / manifest.MODEL_DIR, module_path, spec)
+    published_metrics = json.loads((dest / publish.METRICS).read_text())
+    problems = compare(recomputed, published_metrics)
+    if problems:
+        raise VerificationError("the model read back from S3 does not reproduce the chief's metrics: "
+                                + "; ".join(problems))
+    return {"metrics": recomputed, "published": published_metrics, "files": checked,
+            "model_dir": str(dest / manifest.MODEL_DIR)}
+
+
+def metric_lines(metrics: dict) -> list[str]:
+    """``test <metric>: <value>`` for every figure, the headline first."""
+    keys = sorted((k for k in metrics if k.startswith("test_")), key=lambda k: (k != metrics.get("headline"), k))
+    return [f"test {k.removeprefix('test_')}: {metrics[k]:.4f}" for k in keys]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,17 +127,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dest", required=True, help="local directory to download the run into")
     parser.add_argument("--endpoint", default=None, help="S3-compatible endpoint URL (default: AWS)")
     parser.add_argument("--region", default=None)
-    parser.add_argument("--dataset-prefix", default=None, help="default: as recorded in manifest.json")
+    parser.add_argument("--module", required=True, help="the model module's .py file (its loss and metrics)")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--dataset-prefix", help="the run's arrays (datasets/NAME-HASH)")
+    group.add_argument("--data-json", help="a JSON file holding the run settings' data (files in storage)")
     args = parser.parse_args(argv)
+    files = json.loads(Path(args.data_json).read_text()) if args.data_json else None
     try:
         client = s3io.make_client(args.endpoint, args.region)
-        result = verify_run(client, args.bucket, args.run_prefix, args.dest, args.dataset_prefix)
+        result = verify_run(client, args.bucket, args.run_prefix, args.dest, args.module,
+                            args.dataset_prefix or "", files)
     except (VerificationError, manifest.ManifestMismatch, s3io.TransferError,
             s3io.CredentialsMissing) as exc:
         print(f"verification failed: {exc}", file=sys.stderr)
         return 1
     print(f"verified {len(result['files'])} files against the manifest")
-    print(f"test accuracy: {result['test_accuracy']:.4f}")
+    print("\n".join(metric_lines(result["metrics"])))
     return 0
 
 

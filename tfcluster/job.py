@@ -1,0 +1,102 @@
+"""The user's training job (the model module and its data), checked and prepared on the controller.
+
+Both steps run :mod:`tfc_harness.prepare` in a subprocess (the module is the user's code: it must not run
+inside tfcluster, and a crash in it must not take tfcluster down):
+
+* :func:`check` (``validate`` and ``up``, before anything is created): the module's interface; the
+  result is cached under the cache root, keyed by the module's and the harness's content and the job's
+  settings, so a second ``up`` with the same module does not import TensorFlow again;
+* :func:`prepare` (``train``, when a run starts): the run's data (stored by content, or listed and
+  assigned to workers) and a check of model, loss and metrics on a few real examples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from . import store
+from .config import RunSpec
+from .errors import JobError, TfclusterError
+from .paths import TRAIN_DIR, cache_root
+
+CHECK_TIMEOUT_S = 300
+PREPARE_TIMEOUT_S = 3600
+_HARNESS_FILES = ("prepare.py", "usermodel.py", "data.py", "formats.py", "sources.py")
+
+
+def model_path(spec: RunSpec) -> Path:
+    """The model module's file: a bundled model in train/models/, or the user's .py file."""
+    model = spec.training.model
+    return Path(model) if model.endswith(".py") else TRAIN_DIR / "models" / f"{model}.py"
+
+
+def model_name(spec: RunSpec) -> str:
+    return model_path(spec).stem
+
+
+def job_args(spec: RunSpec) -> dict:
+    """What :mod:`tfc_harness.prepare` needs to know about the run (no secrets)."""
+    data = spec.data
+    return {
+        "module": str(model_path(spec)),
+        "hparams": spec.training.hparams,
+        "data": {"train": data.train, "test": data.test, "format": data.format, "label": data.label}
+        if data.train else None,
+        "workers": spec.count("worker"),
+        "bucket": spec.storage.bucket,
+        "endpoint": store.endpoint_for(spec),
+        "region": spec.storage.region,
+        "dataset_base": f"datasets/{model_name(spec)}",
+    }
+
+
+def _call(mode: str, args: dict, env: dict, timeout_s: int) -> dict:
+    proc_env = dict(os.environ, **env, TF_CPP_MIN_LOG_LEVEL="2")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tfc_harness.prepare", mode, json.dumps(args)],
+                              capture_output=True, text=True, env=proc_env, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise JobError(f"checking the model module {args['module']} took longer than {timeout_s}s") from None
+    errors = [ln.removeprefix("ERROR: ") for ln in proc.stderr.splitlines() if ln.startswith("ERROR: ")]
+    if proc.returncode == 2 and errors:
+        raise JobError(errors[-1])
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        detail = errors[-1] if errors else proc.stderr.strip()[-1500:]
+        raise TfclusterError(f"preparing the training job failed (exit {proc.returncode}): {detail}")
+    return json.loads(lines[-1])
+
+
+def _check_key(args: dict) -> str:
+    digest = hashlib.sha256(json.dumps(args, sort_keys=True).encode())
+    digest.update(Path(args["module"]).read_bytes())
+    for name in _HARNESS_FILES:
+        path = TRAIN_DIR / "tfc_harness" / name
+        digest.update(path.read_bytes() if path.exists() else b"")
+    return digest.hexdigest()
+
+
+def check(spec: RunSpec) -> dict:
+    """The model module's interface for this configuration (raises :class:`JobError` naming the problem)."""
+    args = {k: job_args(spec)[k] for k in ("module", "hparams", "data")}
+    cache = cache_root() / "_jobchecks" / f"{_check_key(args)}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    result = _call("check", args, {}, CHECK_TIMEOUT_S)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, cache)
+    return result
+
+
+def prepare(spec: RunSpec) -> dict:
+    """The run's data for the nodes' settings: ``{"data": ... | None, "dataset_prefix": ..., "describe":
+    ...}`` (see :func:`tfc_harness.prepare.run`)."""
+    return _call("run", job_args(spec), store.process_env(spec), PREPARE_TIMEOUT_S)

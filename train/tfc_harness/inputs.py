@@ -1,0 +1,166 @@
+"""Where a run's examples come from: one small class per kind of data, the same interface for each.
+
+* :class:`ArrayInput`: the arrays the model module's ``make_dataset()`` built, stored by the controller
+  as ``train.npz``/``test.npz`` (:mod:`tfc_harness.data`).  A worker writes its rows to a local TFRecord
+  shard before it serves (:mod:`tfc_harness.records`); the test split is small and read into memory.
+* :class:`FileInput`: TFRecord or CSV files in object storage, listed and assigned to workers by the
+  controller when the run starts (settings ``data``).  A worker streams its files through a bounded local
+  buffer (:class:`tfc_harness.stream.Prefetcher`), epoch after epoch; the chief evaluates the test files
+  one at a time.
+
+Every input gives the chief: :meth:`probe` (a few test examples, to check the model against the labels
+before any peer is asked), :meth:`dataset_fn` (the per-worker training pipeline: graph ops only, as it is
+traced on the chief and runs on each worker), :meth:`test_batches` and :meth:`describe` (what exactly the
+run trained and was evaluated on).  A worker calls :meth:`prepare_worker`.  :func:`verify_spec` fetches a
+run's test split for the verifier.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from . import data, s3io
+from .settings import Settings
+
+PROBE_EXAMPLES = 8
+SHUFFLE_BUFFER = 10_000
+PREFETCH_FILES = 3
+
+
+def for_settings(settings: Settings, client, module: ModuleType | None = None):
+    """The input the settings name (``module`` is needed by the chief for ``decode``)."""
+    if settings.data is None:
+        return ArrayInput(settings, client)
+    return FileInput(settings, client, module)
+
+
+class ArrayInput:
+    """The module's own arrays (``make_dataset()``), stored under a content-named prefix."""
+
+    def __init__(self, settings: Settings, client):
+        self.settings, self.client = settings, client
+        self._test: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _test_split(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._test is None:
+            s3 = self.settings.s3
+            self._test = data.load_split(self.client, s3.bucket, s3.dataset_prefix, "test")
+        return self._test
+
+    def probe(self):
+        x, y = self._test_split()
+        return x[:PROBE_EXAMPLES], y[:PROBE_EXAMPLES]
+
+    def dataset_fn(self, batch_size: int):
+        from . import records
+
+        x, y = self.probe()
+        return records.make_dataset_fn(tuple(x.shape[1:]), batch_size, label_shape=tuple(y.shape[1:]),
+                                       label_dtype=str(y.dtype))
+
+    def test_batches(self, batch_size: int):
+        from .evaluate import array_batches
+
+        return array_batches(*self._test_split(), batch_size)
+
+    def prepare_worker(self):
+        """Download the training split and write this worker's rows to its local TFRecord shard."""
+        from . import records
+
+        s = self.settings
+        x, y = data.load_split(self.client, s.s3.bucket, s.s3.dataset_prefix, "train")
+        x, y = data.shard_rows(x, y, s.index, s.num_workers)
+        path = records.write_tfrecord(Path(s.state_dir) / records.SHARD_PATH, x, y)
+        print(f"worker {s.index}: wrote {len(x)} of the training rows to {path}", flush=True)
+        return None
+
+    def describe(self) -> dict:
+        """The arrays' prefix, which ends in the first 12 hex digits of their sha256 (the run record has all)."""
+        s3 = self.settings.s3
+        return {"source": "arrays", "bucket": s3.bucket, "prefix": s3.dataset_prefix}
+
+
+class FileInput:
+    """TFRecord or CSV files in object storage, streamed by each worker."""
+
+    def __init__(self, settings: Settings, client, module: ModuleType | None):
+        self.settings, self.client, self.module = settings, client, module
+        self.files = settings.data
+
+    def reader(self):
+        from . import formats
+
+        return formats.reader(self.files.format, decode=getattr(self.module, "decode", None),
+                              columns=self.files.columns, label=self.files.label)
+
+    def probe(self):
+        """The first examples of the first test file (downloaded to a scratch directory, then removed)."""
+        for x, y in self.test_batches(PROBE_EXAMPLES, files=self.files.test[:1]):
+            return x, y
+        raise ValueError(f"s3://{self.files.bucket}/{self.files.test[0].key} holds no examples")
+
+    def dataset_fn(self, batch_size: int):
+        read = self.reader()
+
+        def dataset_fn():
+            from . import stream
+
+            return (read(stream.file_names())
+                    .shuffle(SHUFFLE_BUFFER)
+                    .batch(batch_size, drop_remainder=True)
+                    .prefetch(2))
+
+        return dataset_fn
+
+    def test_batches(self, batch_size: int, files=None):
+        from . import stream
+
+        directory = Path(self.settings.state_dir) / "data" / "test"
+        files = [f.model_dump() for f in (files if files is not None else self.files.test)]
+        try:
+            yield from stream.test_batches(self.client, self.files.bucket, files, self.reader(), directory,
+                                           batch_size)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def prepare_worker(self):
+        """Start streaming this worker's files; returns the prefetcher (its ``stats()`` go to status)."""
+        from . import stream
+
+        s = self.settings
+        mine = [f.model_dump() for f in self.files.train[s.index]]
+        prefetcher = stream.Prefetcher(self.client, self.files.bucket, mine, Path(s.state_dir) / stream.STREAM_DIR,
+                                       ahead=PREFETCH_FILES, seed=s.index)
+        prefetcher.start()
+        size = sum(f["size"] for f in mine)
+        print(f"worker {s.index}: streaming {len(mine)} files ({size / 1e6:.1f} MB) from "
+              f"s3://{self.files.bucket}/", flush=True)
+        return prefetcher
+
+    def describe(self) -> dict:
+        def listed(files):
+            return [{"key": f.key, "etag": f.etag, "size": f.size} for f in files]
+
+        return {"source": "files", "format": self.files.format, "bucket": self.files.bucket,
+                "train": listed(f for worker in self.files.train for f in worker), "test": listed(self.files.test)}
+
+
+def verify_spec(client, bucket: str, dataset_prefix: str, files: dict | None, directory: Path) -> dict:
+    """Download the test split a run used into ``directory``; returns the spec :mod:`tfc_harness.evaluate`
+    reads.  ``files`` is the settings' ``data`` (None: the arrays under ``dataset_prefix`` in ``bucket``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if files is None:
+        path = directory / "test.npz"
+        s3io.download_file(client, bucket, data.split_key(dataset_prefix, "test"), path)
+        return {"source": "arrays", "npz": str(path)}
+    paths = []
+    for i, f in enumerate(files["test"]):
+        path = directory / f"test-{i:05d}"
+        s3io.download_file(client, files["bucket"], f["key"], path)
+        paths.append(str(path))
+    return {"source": "files", "format": files["format"], "paths": paths, "columns": files.get("columns"),
+            "label": files.get("label")}

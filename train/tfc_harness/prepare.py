@@ -1,0 +1,196 @@
+"""The controller's checks of a user's job, run in a subprocess before nodes are asked to do anything.
+
+``python -m tfc_harness.prepare check '<json>'`` imports the model module and checks its interface:
+``build_model`` builds a Keras model (with ``hparams`` when it takes them), a data source exists
+(``make_dataset()`` or ``data.train``; TFRecord data needs ``decode``), ``loss`` and ``metrics()`` resolve.
+Nothing is read from storage.  ``validate`` and ``up`` run it.
+
+``python -m tfc_harness.prepare run '<json>'`` prepares a run's data and proves the job fits it:
+
+* module arrays: calls ``make_dataset()``, stores the arrays under their content hash
+  (:func:`tfc_harness.data.ensure_dataset`);
+* files in storage: lists ``data.train``/``data.test``, assigns the training files to the workers
+  (disjoint, balanced by size), reads a CSV header;
+
+then reads a few test and training examples, builds the model and runs it, its loss and its metrics on
+them (:func:`tfc_harness.usermodel.check_batch`).  ``train`` runs it when a run starts.
+
+The JSON argument: ``{"module": path, "hparams": {}, "data": {"train", "test", "format", "label"} | null,
+"workers": n, "bucket", "endpoint", "region", "dataset_base": "datasets/<model>"}`` (S3 credentials from
+the environment).  The result is one JSON line on stdout.  A problem in the user's module or data is one
+line ``ERROR: ...`` on stderr and exit status 2; a storage failure exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from types import ModuleType
+
+from . import data, s3io, usermodel
+from .errors import HarnessError, ModelModuleError
+
+PROBE_EXAMPLES = 8
+
+
+class DataError(HarnessError):
+    """The data the cluster file names cannot be used; the message names the file or field."""
+
+
+def check(job: dict) -> dict:
+    """The module's interface, without reading any data."""
+    module = usermodel.load(job["module"])
+    files = job.get("data")
+    if files and files.get("format") == "tfrecord" and getattr(module, "decode", None) is None:
+        raise ModelModuleError(f"model module {usermodel.label(module)} has no decode(record) function; "
+                               "data.format tfrecord needs one to turn a record into (features, label)")
+    if not files and not usermodel.has_dataset(module):
+        raise ModelModuleError(f"model module {usermodel.label(module)} has no data: define make_dataset() "
+                               "or name files in the cluster file's data.train and data.test")
+    loss = usermodel.loss_fn(module)
+    metrics = usermodel.metric_objects(module, loss)
+    usermodel.build_model(module, None, job.get("hparams"))
+    return {"module": usermodel.label(module), "data": "files" if files else "make_dataset",
+            "loss": getattr(loss, "name", getattr(loss, "__name__", type(loss).__name__)),
+            "metrics": [m.name for m in metrics]}
+
+
+def run(job: dict) -> dict:
+    """Prepare the run's data; returns ``{"data": settings data | None, "dataset_prefix", "describe"}``."""
+    check(job)
+    module = usermodel.load(job["module"])
+    client = s3io.make_client(job.get("endpoint"), job.get("region"))
+    if job.get("data"):
+        result, (x, y) = _files(client, job, module)
+    else:
+        result, (x, y) = _arrays(client, job, module)
+    loss = usermodel.loss_fn(module)
+    model = usermodel.build_model(module, tuple(x.shape[1:]), job.get("hparams"))
+    usermodel.check_batch(module, model, x, y, loss)
+    return result
+
+
+def _arrays(client, job: dict, module: ModuleType):
+    info = data.ensure_dataset(client, job["bucket"], job["dataset_base"], module)
+    x, y = info.pop("splits")["test"]
+    describe = {"source": "arrays", "bucket": job["bucket"], "prefix": info["prefix"], "sha256": info["sha256"],
+                "rows": info["rows"]}
+    return ({"data": None, "dataset_prefix": info["prefix"], "uploaded": info["uploaded"], "describe": describe},
+            (x[:PROBE_EXAMPLES], y[:PROBE_EXAMPLES]))
+
+
+def _listed(client, field: str, url: str) -> tuple[str, list[dict]]:
+    from . import sources
+
+    try:
+        bucket, _ = sources.parse_url(url)
+    except ValueError as exc:
+        raise DataError(f"{field}: {exc}") from None
+    files = sources.list_files(client, url)
+    if not files:
+        raise DataError(f"{field}: {url} matches no object in s3://{bucket}/")
+    return bucket, files
+
+
+def _files(client, job: dict, module: ModuleType):
+    from . import sources
+
+    spec = job["data"]
+    bucket, train = _listed(client, "data.train", spec["train"])
+    test_bucket, test = _listed(client, "data.test", spec["test"])
+    if test_bucket != bucket:
+        raise DataError(f"data.test: s3://{test_bucket}/ is not the bucket of data.train (s3://{bucket}/); "
+                        "keep both splits in one bucket")
+    shared = sorted({f["key"] for f in train} & {f["key"] for f in test})
+    if shared:
+        raise DataError(f"data.train and data.test both match s3://{bucket}/{shared[0]}: the splits must be disjoint")
+    try:
+        assigned = sources.assign(train, job["workers"])
+    except ValueError as exc:
+        raise DataError(f"data.train: {exc}") from None
+    columns = _csv_columns(client, bucket, spec, train, test) if spec["format"] == "csv" else None
+    settings_data = {"source": "files", "format": spec["format"], "bucket": bucket,
+                     "label": spec.get("label") if columns else None, "columns": columns,
+                     "train": assigned, "test": test}
+    x, y = _probe_files(client, bucket, settings_data, module, test[0])
+    _probe_files(client, bucket, settings_data, module, train[0])
+    describe = {"source": "files", "format": spec["format"], "bucket": bucket,
+                "train": [{k: f[k] for k in ("key", "etag", "size")} for f in train],
+                "test": [{k: f[k] for k in ("key", "etag", "size")} for f in test]}
+    return {"data": settings_data, "dataset_prefix": None, "describe": describe}, (x, y)
+
+
+def _csv_columns(client, bucket: str, spec: dict, train: list[dict], test: list[dict]) -> list[str]:
+    from . import formats, sources
+
+    columns = sources.csv_header(client, bucket, train[0]["key"])
+    problems = formats.csv_problems(columns, spec.get("label"))
+    if problems:
+        raise DataError(f"s3://{bucket}/{train[0]['key']}: " + "; ".join(problems))
+    for f in (test[0], train[-1]):
+        other = sources.csv_header(client, bucket, f["key"])
+        if other != columns:
+            raise DataError(f"s3://{bucket}/{f['key']}: its header {other} differs from {train[0]['key']}'s "
+                            f"{columns}")
+    return columns
+
+
+def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, first: dict):
+    """The first examples of one file, read as the workers will read them."""
+    import tempfile
+    from pathlib import Path
+
+    import tensorflow as tf
+
+    from . import formats
+
+    where = f"s3://{bucket}/{first['key']}"
+    read = formats.reader(settings_data["format"], decode=getattr(module, "decode", None),
+                          columns=settings_data["columns"], label=settings_data["label"])
+    with tempfile.TemporaryDirectory(prefix="tfc-probe-") as tmp:
+        path = s3io.download_file(client, bucket, first["key"], Path(tmp) / "probe")
+        try:
+            dataset = read(tf.data.Dataset.from_tensor_slices([str(path)]))
+            element = dataset.element_spec
+            if not isinstance(element, tuple) or len(element) != 2 or \
+                    not all(isinstance(e, tf.TensorSpec) for e in element):
+                raise ModelModuleError(f"model module {usermodel.label(module)}: decode() must return a pair "
+                                       f"(features, label) of tensors (got {element})")
+            batch = next(iter(dataset.batch(PROBE_EXAMPLES)), None)
+        except HarnessError:
+            raise
+        except Exception as exc:
+            what = "decode()" if settings_data["format"] == "tfrecord" else "CSV parsing"
+            raise DataError(f"{where}: reading its first records with {what} failed: "
+                            f"{type(exc).__name__}: {_first_line(exc)}") from None
+    if batch is None:
+        raise DataError(f"{where} holds no examples")
+    return batch[0].numpy(), batch[1].numpy()
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] not in ("check", "run"):
+        print("usage: python -m tfc_harness.prepare check|run JSON", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        result = (check if args[0] == "check" else run)(json.loads(args[1]))
+    except HarnessError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except (s3io.TransferError, s3io.CredentialsMissing) as exc:
+        print(f"ERROR: object storage: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
