@@ -108,7 +108,7 @@ def _run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
     }
 
 
-def _progress_line(task: dict, sup: dict, eta_s: float | None) -> str:
+def _progress_line(task: dict, sup: dict, eta_s: float | None, data_mb_s: float | None = None) -> str:
     if not task:
         return f"  [{sup.get('state', 'starting')}] waiting for the chief's first report"
     step, total = task.get("step", 0), task.get("total", 0) or 1
@@ -117,6 +117,8 @@ def _progress_line(task: dict, sup: dict, eta_s: float | None) -> str:
         parts.append(f"loss {task['loss']:.4f}")
     if task.get("examples_per_sec"):
         parts.append(f"{task['examples_per_sec']:.0f} examples/s")
+    if data_mb_s is not None:
+        parts.append(f"data from S3 {data_mb_s:.1f} MB/s")
     if eta_s is not None:
         parts.append(f"eta {eta_s:.0f}s")
     if sup.get("restarts"):
@@ -125,15 +127,17 @@ def _progress_line(task: dict, sup: dict, eta_s: float | None) -> str:
 
 
 TERMINAL_TASK_STATES = ("succeeded", "failed", "stopped", "deadline", "lost")
+DATA_POLL_S = 15.0
 
 
 class ChiefWatch:
     """One look at the chief per call: prints progress when it changed; returns the final status once
     its task has ended. Tolerates passing silences and errors, not lasting ones."""
 
-    def __init__(self, state: ClusterState, chief: Node, poll_s: float):
+    def __init__(self, state: ClusterState, chief: Node, poll_s: float, streamers: list[Node] = ()):
         self.state, self.chief, self.poll_s = state, chief, poll_s
         self.last_line, self.misses, self.errors, self.first = "", 0, 0, None
+        self.streamers, self.data_mb_s, self.data_due = list(streamers), None, 0.0
 
     def __call__(self) -> dict | None:
         try:
@@ -152,8 +156,25 @@ class ChiefWatch:
             return None
         self.misses = 0
         sup, task = got.get("supervisor", {}), got.get("task") or {}
-        self._show(_progress_line(task, sup, self._eta(task)))
+        self._show(_progress_line(task, sup, self._eta(task), self._data_rate()))
         return got if sup.get("state") in TERMINAL_TASK_STATES else None
+
+    def _data_rate(self) -> float | None:
+        """The workers' summed S3 read rate, looked up every DATA_POLL_S (workers streaming files only)."""
+        if not self.streamers or time.monotonic() < self.data_due:
+            return self.data_mb_s
+        self.data_due = time.monotonic() + DATA_POLL_S
+        rates = []
+        for node in self.streamers:
+            try:
+                got = remote.task_status(self.state, node, timeout=10) or {}
+            except remote.NodeCommandError:
+                continue
+            rate = ((got.get("task") or {}).get("data") or {}).get("mb_per_s")
+            if rate is not None:
+                rates.append(rate)
+        self.data_mb_s = sum(rates) if rates else self.data_mb_s
+        return self.data_mb_s
 
     def _eta(self, task: dict) -> float | None:
         step, total = task.get("step", 0), task.get("total", 0)
@@ -169,9 +190,11 @@ class ChiefWatch:
             self.last_line = line
 
 
-def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 2.0) -> dict:
-    """Poll the chief's status and print progress until its task ends; return the last status."""
-    final = poll.wait_until(ChiefWatch(state, chief, poll_s), timeout_s, poll_s)
+def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 2.0,
+                   streamers: list[Node] = ()) -> dict:
+    """Poll the chief's status and print progress until its task ends; return the last status.
+    ``streamers``: the workers streaming files from S3, whose read rate the progress line shows."""
+    final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers), timeout_s, poll_s)
     if final is None:
         raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
     return final
@@ -277,7 +300,8 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
                                          log_file=state.logs / "train.log", env=s3_env(spec), tags="start")
             ansible_run.check_reported(recap, [n.name for n in nodes], "start")
         with phase("training"):
-            return wait_for_chief(state, chief, settings["max_runtime_s"] + 120)
+            streamers = [n for n in nodes if n.role == "worker"] if settings.get("data") else []
+            return wait_for_chief(state, chief, settings["max_runtime_s"] + 120, streamers=streamers)
     except (KeyboardInterrupt, TfclusterError) as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         run["state"] = RunState.INTERRUPTED if interrupted else RunState.FAILED
@@ -433,8 +457,17 @@ def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:
             text += f", {task.get('phase', '?')} step {task.get('step', 0)}/{task.get('total', 0)}"
             if task.get("examples_per_sec"):
                 text += f", {task['examples_per_sec']:.0f} examples/s"
+        if task.get("data"):
+            text += _stream_text(task["data"])
         out[n.name] = text
     return out
+
+
+def _stream_text(d: dict) -> str:
+    """A worker's data stream in `make status`: rate, epoch, bytes read, and its error if it stopped."""
+    text = (f", data from S3 {d.get('mb_per_s') or 0:.1f} MB/s (epoch {d.get('epoch', 0)}, "
+            f"{(d.get('bytes') or 0) / 1e6:.0f} MB read)")
+    return text + (f", error: {d['error']}" if d.get("error") else "")
 
 
 def show_log(cluster: str, node_name: str, lines: int = 200) -> int:
