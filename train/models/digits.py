@@ -1,30 +1,8 @@
 """Example model module: a small CNN for scikit-learn's 8x8 handwritten digits.
 
-The model-module interface
---------------------------
-A model module is a plain Python file in ``train/models/`` (select it with ``model_module: <name>``) or
-anywhere on the nodes (``model_module: /abs/path/to/file.py``).  It knows nothing about the cluster:
-the harness distributes, checkpoints, evaluates and publishes.
-
-``build_model() -> keras.Model``  (required)
-    Returns a new, uncompiled Keras 3 model mapping a float32 batch ``[N, *x.shape[1:]]`` to one row of
-    class scores per example.  It is called inside the distribution strategy's scope, so it must create
-    its variables there (no global state, no ``compile``).  Give it an ``Input`` or it is built from the
-    data's shape.
-
-``make_dataset() -> {"train": (x, y), "test": (x, y)}``  (required)
-    ``x`` float32 ``[N, ...]`` (already scaled), ``y`` integer class ids ``[N]``.  Called once, on the
-    controller, which uploads the result as ``train.npz``/``test.npz``; the nodes never call it, so it
-    may use packages that only the controller has (here scikit-learn, imported inside the function).
-
-``FROM_LOGITS: bool``  (optional, default True)
-    True when ``build_model`` outputs logits (the loss applies softmax; the served model returns
-    ``tf.nn.softmax`` of them); False when it already outputs probabilities.
-
-``make_optimizer(learning_rate) -> keras.optimizers.Optimizer``  (optional, default ``Adam``)
-
-The loss is sparse categorical cross-entropy; the published SavedModel's ``serving_default`` signature
-takes ``x`` (float32 ``[None, *x.shape[1:]]``) and returns ``{"probabilities": [None, classes]}``.
+The model-module contract is documented in ``train/README.md`` ("The model module").  This module uses
+version 1 of it: ``build_model``, ``make_dataset``, ``FROM_LOGITS``; the loss is the default (sparse
+categorical cross-entropy from logits), the metric the default (accuracy).
 
 This module: ``build_model`` outputs logits for 10 classes from ``[N, 8, 8, 1]`` inputs in ``[0, 1]``.
 """
