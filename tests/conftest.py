@@ -47,8 +47,10 @@ def needs_root():
 
 @pytest.fixture(scope="session", autouse=True)
 def test_store(tmp_path_factory):
-    """The tests' own local S3 store on a port of their own, stopped when the session ends."""
-    os.environ["TFCLUSTER_STORE_PORT"] = "9556"
+    """The tests' own local S3 store on a port of their own, stopped when the session ends.  Two test
+    sessions at once (a developer's and a helper's) must not share one: give each its own
+    TFCLUSTER_STORE_PORT (default 9556)."""
+    os.environ.setdefault("TFCLUSTER_STORE_PORT", "9556")
     if os.geteuid() != 0:
         yield
         return

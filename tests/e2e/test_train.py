@@ -111,6 +111,10 @@ def test_failed_training_fetches_logs_and_down_guard(home, artifacts, trained, t
         "    x, y = rng.random((64, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, 64)\n"
         "    return {'train': (x, y), 'test': (x[:16], y[:16])}\n\n\n"
         "def build_model():\n"
+        "    import keras\n"
+        "    return keras.Sequential([keras.Input(shape=(8, 8, 1)), keras.layers.Flatten(),\n"
+        "                             keras.layers.Dense(10)])\n\n\n"
+        "def make_optimizer(learning_rate):   # only the chief calls it: the controller's checks pass\n"
         "    raise RuntimeError('injected model failure')\n")
     res = tfcluster(home, artifacts, "train", "--set", f"training.model={broken}",
                     "--set", "max_runtime_minutes=5", timeout=900)
