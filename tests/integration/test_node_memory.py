@@ -1,6 +1,6 @@
 """provider_options.node_memory_mb on real local nodes: every process of a node is in its memory cgroup with
-the limit, a process allocating beyond it is OOM-killed while the node's sshd lives on, and `down` removes
-the cgroups, also after an `up` that failed midway."""
+the limit, a process allocating beyond it is OOM-killed while the node's sshd lives on, another limit for the
+cluster that is up is refused, and `down` removes the cgroups, also after an `up` that failed midway."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ def cluster(home):
     assert leftovers(home, CLUSTER) == []
 
 
-def up(home: Path, *args: str, env: dict | None = None):
+def up(home: Path, *args: str, env: dict | None = None, memory_mb: int = LIMIT_MB):
     return run_cli("up", "--cluster", CLUSTER, "--set", f"network.subnet={SUBNET}",
-                   "--set", f"provider_options.node_memory_mb={LIMIT_MB}", *args, home=home, env=env, timeout=300)
+                   "--set", f"provider_options.node_memory_mb={memory_mb}", *args, home=home, env=env, timeout=300)
 
 
 def limits(directory: Path) -> dict[str, int]:
@@ -79,6 +79,11 @@ def test_node_memory_limit_oom_and_down(home, cluster):
     os.kill(init_pid, 0)  # the node's first process (its sshd) is still there
     out = ssh(home, cluster, worker["private_ip"], "echo alive", as_root=False)
     assert out.stdout.strip() == "alive", out.stderr
+
+    # the limit is the nodes' own from when they were made: another one is refused, and nothing changes
+    res = up(home, "--workers", "1", memory_mb=2 * LIMIT_MB)
+    assert res.returncode == 2 and "provider_options.node_memory_mb" in res.stderr and "make down" in res.stderr
+    assert limits(directory).get("memory.limit_in_bytes", limits(directory).get("memory.max")) == LIMIT_MB << 20
 
     res = run_cli("down", "--cluster", cluster, home=home, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -4,6 +4,8 @@ test_node_memory.py limits real nodes)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tfcluster import cgroup, config
@@ -12,6 +14,7 @@ from tfcluster.paths import ClusterState
 from tfcluster.providers.local import LocalProvider
 
 FIELD = "provider_options.node_memory_mb"
+UNIT = "tfcmemunit"  # nothing of it is made
 
 
 @pytest.mark.parametrize("value", ["256", "1024", "65536", 512])
@@ -42,6 +45,36 @@ def test_node_memory_refused_where_there_is_no_memory_cgroup(tmp_path, monkeypat
     with pytest.raises(ConfigError) as err:
         LocalProvider(ClusterState("x", root=tmp_path)).check(spec)
     assert err.value.field == FIELD and "no writable memory cgroup controller" in err.value.allowed
+
+
+def _made_with(state: ClusterState, *memory: str) -> None:
+    """A Terraform state as terraform/local leaves it, with nodes made with these limits ('' = none)."""
+    state.terraform_dir.mkdir(parents=True)
+    instances = [{"index_key": f"{UNIT}-worker-{i}", "attributes": {"input": {"value": {"memory_mb": m}}}}
+                 for i, m in enumerate(memory)]
+    resources = [{"type": "terraform_data", "name": "network", "instances": [{"attributes": {}}]},
+                 {"type": "terraform_data", "name": "node", "instances": instances}]
+    (state.terraform_dir / "terraform.tfstate").write_text(json.dumps({"resources": resources}))
+
+
+@pytest.mark.parametrize(("made", "asked", "was"), [("512", "1024", "'512'"), ("", "512", "unset"),
+                                                   ("512", None, "'512'")])
+def test_node_memory_of_nodes_already_made_cannot_change(tmp_path, made, asked, was):
+    state = ClusterState(UNIT, root=tmp_path)
+    _made_with(state, made, made)
+    options = {"node_memory_mb": asked} if asked else {}
+    spec = config.resolve(overrides={"cluster": UNIT, "provider_options": options})
+    with pytest.raises(ConfigError) as err:
+        LocalProvider(state).check(spec)
+    assert err.value.field == FIELD and err.value.value == (asked or "")
+    assert err.value.allowed.startswith(f"{was}, as when the nodes of cluster {UNIT} were made")
+    assert "make down, then make up" in err.value.allowed
+
+
+def test_node_memory_as_the_nodes_were_made_passes(tmp_path):
+    state = ClusterState(UNIT, root=tmp_path)
+    _made_with(state, "512")
+    LocalProvider(state).check(config.resolve(overrides={"cluster": UNIT, "provider_options": {"node_memory_mb": 512}}))
 
 
 # --- tfcluster.cgroup on stand-in trees (plain directories: no control files appear by themselves) ----------

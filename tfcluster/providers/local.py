@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import shutil
 import subprocess
 import sys
@@ -51,8 +52,8 @@ class LocalOptions(ProviderOptions):
         None, description=f"memory of each node in MiB, {cgroup.MIN_MB}-{cgroup.MAX_MB}, like a VM's RAM: every "
                           "process of the node (its sshd and all that Ansible and training start there) is in one "
                           "memory cgroup with this limit and no swap, and one that allocates beyond it is "
-                          "OOM-killed while the node lives on (default: unset, no limit; needs cgroup v1 or v2 "
-                          "with the memory controller)")
+                          "OOM-killed while the node lives on; fixed when the nodes are made (default: unset, no "
+                          "limit; needs cgroup v1 or v2 with the memory controller)")
 
 
 @register
@@ -87,9 +88,29 @@ class LocalProvider(TerraformProvider):
             if dev != own and other.overlaps(subnet):
                 raise ConfigError("network.subnet", str(subnet),
                                   f"a network not already routed on this machine ({net} is on {dev})")
-        memory = self.options_for(spec).node_memory_mb
+        self._check_memory(self.options_for(spec).node_memory_mb or "")
+
+    def _check_memory(self, memory: str) -> None:
+        """node_memory_mb needs a memory cgroup controller, and is fixed once the nodes are made (their init
+        joins the cgroup when it starts; a node is never made anew under a live cluster)."""
         if memory and cgroup.hierarchy() is None:
             raise ConfigError("provider_options.node_memory_mb", memory, f"unset ({cgroup.NO_CONTROLLER})")
+        made = self._node_memory_made()
+        if made and made != {memory}:
+            was = ", ".join(sorted(f"'{m}'" if m else "unset" for m in made))
+            raise ConfigError("provider_options.node_memory_mb", memory,
+                              f"{was}, as when the nodes of cluster {self.state.cluster} were made (make down, "
+                              "then make up, to change it)")
+
+    def _node_memory_made(self) -> set[str]:
+        """node_memory_mb ('' = none) of the nodes Terraform's state records (none: an empty set)."""
+        try:
+            resources = json.loads((self.state.terraform_dir / "terraform.tfstate").read_text())["resources"]
+            return {inst["attributes"]["input"]["value"].get("memory_mb", "")
+                    for res in resources if res["type"] == "terraform_data" and res["name"] == "node"
+                    for inst in res["instances"]}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return set()
 
     def up(self, spec: RunSpec, public_key: str) -> list[Node]:
         from ..cluster import say
