@@ -6,7 +6,8 @@ bare Debian 12, as a cloud VM boots) with a per-node upper directory, so install
 neither the image nor the other nodes. As cloud-init does on a cloud VM, the node gets host keys of its
 own, the run's public key for the image's non-root user (who has password-less sudo) and, the node having
 no route beyond its bridge, the cluster's apt proxy. Its sshd is the node's first process; everything
-Ansible starts on it is a child of that sshd and lives in the same namespaces.
+Ansible starts on it is a child of that sshd and lives in the same namespaces, and, when the node has a
+memory limit (``provider_options.node_memory_mb``), in the same memory cgroup (``tfcluster.cgroup``).
 
 Called as ``python -m tfcluster.localnode ACTION JSON`` (ACTION: network-up, network-down, node-up,
 node-down); the JSON object carries the module's inputs, so destroy works from Terraform state alone.
@@ -24,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import cgroup
 from .errors import TfclusterError
 from .image import user_ids
 from .poll import wait_until
@@ -222,6 +224,7 @@ def node_up(p: dict) -> None:
         node_down(p)  # half-made: start over
     node_dir.mkdir(parents=True, exist_ok=True)
     _prepare_root(node_dir, p)
+    memory_cgroup = _memory_cgroup(p)  # before the namespaces: a machine without memory cgroups fails here
     if ns not in list_netns():
         _ip("netns", "add", ns)
     veth, peer = p["veth"], p["veth"] + "p"
@@ -247,23 +250,40 @@ def node_up(p: dict) -> None:
     if fault == "fail":
         raise NodeError(f"node {name}: injected failure ({FAULT_ENV})")
 
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TFC_NAME": name, "TFC_DIR": str(node_dir),
-           "TFC_IMAGE": p["image_root"],
-           "TFC_NOSSHD": "1" if fault == "nosshd" else ""}
-    console = open(node_dir / "console.log", "ab")
-    proc = subprocess.Popen(
-        ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--propagation", "private",
-         "/bin/sh", "-c", INIT_SCRIPT],
-        stdin=subprocess.DEVNULL, stdout=console, stderr=console, env=env,
-        start_new_session=True, close_fds=True)
-    console.close()
-    (node_dir / "init.pid").write_text(f"{proc.pid}\n")
+    proc = _start_init(p, fault, memory_cgroup)
     timeout = float(p.get("ssh_timeout", 20))
     if not _wait_port(p["ip"], 22, timeout, lambda: proc.poll() is None):
         log = (node_dir / "console.log").read_text(errors="replace")[-2000:]
         state = "its init exited" if proc.poll() is not None else f"no sshd answer in {timeout:.0f}s"
         raise NodeError(f"node {name} ({p['ip']}) did not come up: {state}\n{log}")
-    print(f"node {name}: up at {p['ip']} (netns {ns})")
+    limit = f", memory limit {p['memory_mb']} MiB" if p.get("memory_mb") else ""
+    print(f"node {name}: up at {p['ip']} (netns {ns}{limit})")
+
+
+def _memory_cgroup(p: dict) -> Path | None:
+    """The node's memory cgroup, made now, when it has a memory limit (provider_options.node_memory_mb)."""
+    return cgroup.create(p["cgroup"], int(p["memory_mb"])) if p.get("memory_mb") else None
+
+
+def _start_init(p: dict, fault: str, memory_cgroup: Path | None) -> subprocess.Popen:
+    """Start the node's init (INIT_SCRIPT, ending in sshd) in its namespaces and, if any, its memory cgroup."""
+    node_dir = Path(p["node_dir"])
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TFC_NAME": p["name"], "TFC_DIR": str(node_dir),
+           "TFC_IMAGE": p["image_root"],
+           "TFC_NOSSHD": "1" if fault == "nosshd" else ""}
+    join = (lambda: cgroup.enter(memory_cgroup)) if memory_cgroup else None
+    with open(node_dir / "console.log", "ab") as console:
+        try:
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", p["netns"], "unshare", "--mount", "--uts", "--propagation", "private",
+                 "/bin/sh", "-c", INIT_SCRIPT],
+                stdin=subprocess.DEVNULL, stdout=console, stderr=console, env=env,
+                start_new_session=True, close_fds=True, preexec_fn=join)
+        except subprocess.SubprocessError as exc:  # from preexec_fn: the cgroup refused the process
+            raise NodeError(f"node {p['name']}: its init could not join the memory cgroup {memory_cgroup}: "
+                            f"{exc}") from None
+    (node_dir / "init.pid").write_text(f"{proc.pid}\n")
+    return proc
 
 
 def kill_netns_processes(ns: str, grace: float = 5.0) -> int:
@@ -288,6 +308,8 @@ def node_down(p: dict) -> None:
         print(f"node {p['name']}: stopped {n} process(es), namespace removed")
     if link_exists(p["veth"]):
         _ip("link", "del", p["veth"], check=False)
+    if p.get("cgroup") and cgroup.remove(p["cgroup"]):
+        print(f"node {p['name']}: memory cgroup {p['cgroup']} removed")
     if node_dir.exists():
         shutil.rmtree(node_dir, ignore_errors=True)
 

@@ -1,7 +1,8 @@
 # Local provider: each node is a set of Linux namespaces on a private bridge, made and removed by
 # tfcluster/localnode.py from terraform_data provisioners. The host-side names (bridge, veth and
-# namespace prefixes) come from tfcluster.localnode through provider_options: one home for that rule. Destroy-time provisioners may read only
-# self, so every input the teardown needs is kept in the resource's `input`.
+# namespace prefixes, the cluster's memory cgroup) come from tfcluster through provider_options: one home
+# for that rule. Destroy-time provisioners may read only self, so every input the teardown needs is kept
+# in the resource's `input`.
 
 locals {
   python    = var.provider_options["python"]
@@ -91,6 +92,8 @@ resource "terraform_data" "node" {
     apt_proxy      = local.apt_proxy
     ssh_timeout    = lookup(var.provider_options, "ssh_timeout", "20")
     store_ip       = lookup(var.provider_options, "store_ip", "")
+    cgroup         = "${var.provider_options["cgroup_parent"]}/${each.value.name}"
+    memory_mb      = lookup(var.provider_options, "node_memory_mb", "")
   }
 
   provisioner "local-exec" {

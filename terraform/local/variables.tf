@@ -123,12 +123,16 @@ variable "max_runtime_minutes" {
 }
 
 variable "provider_options" {
-  description = "Provider-specific settings. Local: python (interpreter with tfcluster), state_dir, subnet (CIDR), bridge, veth_prefix and netns_prefix (host-side names, from tfcluster.localnode), image_root (the base image's root file system), apt_cache_dir (the apt proxy's cache), ssh_timeout, store_ip (the only address beyond the bridge a node can reach)."
+  description = "Provider-specific settings. Local: python (interpreter with tfcluster), state_dir, subnet (CIDR), bridge, veth_prefix, netns_prefix and cgroup_parent (host-side names, from tfcluster), image_root (the base image's root file system), apt_cache_dir (the apt proxy's cache), ssh_timeout, store_ip (the only address beyond the bridge a node can reach); the user's option node_memory_mb (MiB, 256-65536; unset: no limit) limits each node's memory like a VM's RAM: all its processes share one memory cgroup <cgroup_parent>/<node> without swap."
   type        = map(string)
   default     = {}
   validation {
-    condition = (alltrue([for k in ["python", "state_dir", "subnet", "bridge", "veth_prefix", "netns_prefix", "image_root", "apt_cache_dir"] : contains(keys(var.provider_options), k)])
+    condition = (alltrue([for k in ["python", "state_dir", "subnet", "bridge", "veth_prefix", "netns_prefix", "cgroup_parent", "image_root", "apt_cache_dir"] : contains(keys(var.provider_options), k)])
     && can(cidrhost(lookup(var.provider_options, "subnet", "x"), 1)))
-    error_message = "provider_options: python, state_dir, subnet (a CIDR block), bridge, veth_prefix, netns_prefix, image_root and apt_cache_dir are required; ssh_timeout and store_ip are optional."
+    error_message = "provider_options: python, state_dir, subnet (a CIDR block), bridge, veth_prefix, netns_prefix, cgroup_parent, image_root and apt_cache_dir are required; ssh_timeout, store_ip and node_memory_mb are optional."
+  }
+  validation {
+    condition     = try(tonumber(lookup(var.provider_options, "node_memory_mb", "256")) >= 256 && tonumber(lookup(var.provider_options, "node_memory_mb", "256")) <= 65536 && can(regex("^[0-9]+$", lookup(var.provider_options, "node_memory_mb", "256"))), false)
+    error_message = "provider_options.node_memory_mb: a whole number of MiB from 256 to 65536 (unset: no memory limit)."
   }
 }

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.conftest import REPO
-from tfcluster import localnode
+from tfcluster import cgroup, localnode
 from tfcluster.image import IMAGE_USER
 
 
@@ -112,6 +112,7 @@ def leftovers(home: Path, cluster: str) -> list[str]:
     found += [f"veth {v}" for v in localnode.list_links(localnode.veth_prefix(cluster))]
     found += [f"process {p}" for p in processes_with_env(f"TFC_DIR={home / cluster}")]
     found += [f"apt proxy {p}" for p in processes_with_cmdline("tfcluster.aptproxy", str(home / cluster))]
+    found += [f"memory cgroup {path}" for path in cgroup.leftovers(cluster)]
     for sub in ("nodes", "ssh", "terraform"):
         if (home / cluster / sub).exists():
             found.append(f"state {sub}/")

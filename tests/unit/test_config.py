@@ -192,4 +192,4 @@ def test_json_schema_accepts_what_validates_and_refuses_what_editors_should_flag
     assert [e.validator for e in validator.iter_errors({"provider": "aws", "provider_options": {"colour": "red"}})] \
         == ["additionalProperties"]
     assert [e.validator for e in validator.iter_errors({"provider_options": {"region": "x"}})] \
-        == ["additionalProperties"]     # no provider named: local, which has no options
+        == ["additionalProperties"]     # no provider named: local, whose only option is node_memory_mb

@@ -95,7 +95,7 @@ class ProviderOptions(BaseModel):
     """A provider's ``provider_options``, typed: one field per option, each with the ``description`` users read
     (mostly ``str | None``: None = not given, so the provider's or module's default applies; values the module
     receives stay the user's text). Unknown keys are refused; values are read-only once checked. The base model
-    itself has no fields: a provider without user options (local: its module's options are internal)."""
+    itself has no fields: a provider without user options."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

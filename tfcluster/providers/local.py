@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import shutil
 import subprocess
 import sys
 import zlib
 from urllib.parse import urlsplit
 
-from .. import aptproxy, image, localnode, store
-from ..config import RunSpec
+from pydantic import Field
+
+from .. import aptproxy, cgroup, image, localnode, store
+from ..config import Checked, RunSpec, whole_number_check
 from ..errors import ConfigError
 from ..paths import cache_root
 from ..tfsupport import DefaultImage
-from .base import Node, TerraformProvider, register
+from .base import Node, ProviderOptions, TerraformProvider, register
 
 #: auto subnets are 10.231.<k>.0/24 with k from the cluster name; the local store uses 10.231.255.0/24
 AUTO_BASE = "10.231"
@@ -39,6 +42,20 @@ def _routes() -> list[tuple[str, str]]:
     return routes
 
 
+_MEMORY_ALLOWED = f"a whole number of MiB from {cgroup.MIN_MB} to {cgroup.MAX_MB} (unset: no limit)"
+
+
+class LocalOptions(ProviderOptions):
+    """provider_options on local: what a user may set (the module's other options are tfcluster's own)."""
+
+    node_memory_mb: Checked(whole_number_check(cgroup.MIN_MB, cgroup.MAX_MB, _MEMORY_ALLOWED)) | None = Field(
+        None, description=f"memory of each node in MiB, {cgroup.MIN_MB}-{cgroup.MAX_MB}, like a VM's RAM: every "
+                          "process of the node (its sshd and all that Ansible and training start there) is in one "
+                          "memory cgroup with this limit and no swap, and one that allocates beyond it is "
+                          "OOM-killed while the node lives on; fixed when the nodes are made (default: unset, no "
+                          "limit; needs cgroup v1 or v2 with the memory controller)")
+
+
 @register
 class LocalProvider(TerraformProvider):
     name = "local"
@@ -47,6 +64,7 @@ class LocalProvider(TerraformProvider):
     default_image = DefaultImage("Debian 12 (the local base image)", "3.11", image.IMAGE_USER)
     unsupported = {"gpus": "local nodes share this machine and have no GPUs",
                    "spot": "there is no market for namespaces"}
+    options_model = LocalOptions
 
     def check(self, spec: RunSpec) -> None:
         super().check(spec)
@@ -70,6 +88,29 @@ class LocalProvider(TerraformProvider):
             if dev != own and other.overlaps(subnet):
                 raise ConfigError("network.subnet", str(subnet),
                                   f"a network not already routed on this machine ({net} is on {dev})")
+        self._check_memory(self.options_for(spec).node_memory_mb or "")
+
+    def _check_memory(self, memory: str) -> None:
+        """node_memory_mb needs a memory cgroup controller, and is fixed once the nodes are made (their init
+        joins the cgroup when it starts; a node is never made anew under a live cluster)."""
+        if memory and cgroup.hierarchy() is None:
+            raise ConfigError("provider_options.node_memory_mb", memory, f"unset ({cgroup.NO_CONTROLLER})")
+        made = self._node_memory_made()
+        if made and made != {memory}:
+            was = ", ".join(sorted(f"'{m}'" if m else "unset" for m in made))
+            raise ConfigError("provider_options.node_memory_mb", memory,
+                              f"{was}, as when the nodes of cluster {self.state.cluster} were made (make down, "
+                              "then make up, to change it)")
+
+    def _node_memory_made(self) -> set[str]:
+        """node_memory_mb ('' = none) of the nodes Terraform's state records (none: an empty set)."""
+        try:
+            resources = json.loads((self.state.terraform_dir / "terraform.tfstate").read_text())["resources"]
+            return {inst["attributes"]["input"]["value"].get("memory_mb", "")
+                    for res in resources if res["type"] == "terraform_data" and res["name"] == "node"
+                    for inst in res["instances"]}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return set()
 
     def up(self, spec: RunSpec, public_key: str) -> list[Node]:
         from ..cluster import say
@@ -78,13 +119,15 @@ class LocalProvider(TerraformProvider):
         return super().up(spec, public_key)
 
     def provider_options(self, spec: RunSpec) -> dict[str, str]:
-        return {
+        """The module's options: tfcluster's own, and the user's (node_memory_mb) when given."""
+        return self.options_for(spec).model_dump(exclude_none=True) | {
             "python": sys.executable,
             "state_dir": str(self.state.dir),
             "subnet": subnet_for(spec),
             "bridge": localnode.bridge_name(spec.cluster),
             "veth_prefix": localnode.veth_prefix(spec.cluster),
             "netns_prefix": localnode.netns_prefix(spec.cluster),
+            "cgroup_parent": cgroup.cluster_path(spec.cluster),
             "image_root": str(image.rootfs(image.default_recipe())),
             "apt_cache_dir": str(cache_root() / "_aptcache"),
             "ssh_timeout": str(min(spec.ssh.timeout_seconds, 120)),
@@ -111,6 +154,7 @@ class LocalProvider(TerraformProvider):
         pid = aptproxy.running_pid(self.state.dir)
         if pid:
             found.append(f"apt proxy process {pid}")
+        found += [f"memory cgroup {path}" for path in cgroup.leftovers(cluster)]
         return found
 
     def force_cleanup(self) -> None:
@@ -120,6 +164,7 @@ class LocalProvider(TerraformProvider):
             if ns.startswith(localnode.netns_prefix(cluster)):
                 localnode.kill_netns_processes(ns)
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        cgroup.remove(cgroup.cluster_path(cluster))
         for link in localnode.list_links(localnode.veth_prefix(cluster)):
             subprocess.run(["ip", "link", "del", link], capture_output=True)
         br = localnode.bridge_name(cluster)
