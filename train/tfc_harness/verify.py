@@ -1,7 +1,7 @@
 """Reading a published run back from S3 and evaluating it in a fresh Python process (controller side).
 
-``verify_run`` refuses a run without ``_SUCCESS``, downloads ``manifest.json``, ``metrics.json`` and every
-model file the manifest lists, checks each against the manifest (sha256 and size; a file under ``model/``
+``verify_run`` refuses a run without ``_SUCCESS``, downloads ``manifest.json``, ``metrics.json``,
+``_SUCCESS`` and every model file the manifest lists (not the run's checkpoints), checks each against the manifest (sha256 and size; a file under ``model/``
 that the manifest does not list is also an error), downloads the test split the *caller* names (the
 controller's own record of the run's data, not anything the chief wrote), runs ``python -m
 tfc_harness.evaluate`` with ``sys.executable`` and compares every ``test_*`` figure with the chief's
@@ -91,7 +91,7 @@ def verify_run(s3_client, bucket: str, run_prefix: str, dest_dir: str | os.PathL
                                 "not published completely; refusing to use it")
     dest = Path(dest_dir).resolve()
     dest.mkdir(parents=True, exist_ok=True)
-    for name in (publish.MANIFEST, publish.METRICS):
+    for name in (publish.MANIFEST, publish.METRICS, publish.SUCCESS):   # the local copy mirrors the run
         if not s3io.exists(s3_client, bucket, s3io.join_key(run_prefix, name)):
             raise VerificationError(f"s3://{bucket}/{run_prefix}/{name} is missing")
         _download(s3_client, bucket, run_prefix, name, dest)
