@@ -226,8 +226,8 @@ def _claim(path, present, position: str, seq, wait_s: float):
     import tensorflow as tf
 
     message = tf.strings.join([
-        "stream file ", path, f" did not appear within {wait_s:g} s: this worker's data prefetcher stopped, "
-        "failed or cannot keep up (see the worker's log)"])
+        "stream file ", path, f" did not appear within {wait_s:g} s: the data prefetcher on this worker "
+        "stopped, failed or cannot keep up (see the log of this worker)"])
     with tf.control_dependencies([tf.debugging.Assert(present, [message])]):
         recorded = tf.io.write_file(position, tf.strings.as_string(seq))
     with tf.control_dependencies([recorded]):
