@@ -94,6 +94,14 @@ def test_file_names_built_and_run_inside_a_tf_function(tmp_path):
         tf.data.experimental.AutoShardPolicy.OFF
 
 
+def test_the_default_directory_is_relative_to_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    stream.clear(stream.STREAM_DIR)
+    stream.data_path(stream.STREAM_DIR, 0).write_bytes(b"x")
+    assert next(iter(stream.file_names(wait_s=5))).numpy() == b"data/stream/0.data"
+    assert (tmp_path / "data/stream/position").read_text() == "0"
+
+
 def test_file_names_waits_for_a_file(tmp_path):
     names = iter(stream.file_names(str(tmp_path), poll_ms=10, wait_s=30))
     threading.Timer(0.3, lambda: stream.data_path(tmp_path, 0).write_bytes(b"x")).start()
@@ -123,9 +131,13 @@ def test_a_new_reader_resumes_at_the_recorded_position(tmp_path):
     assert names == [f"{tmp_path}/3.data", f"{tmp_path}/4.data"]
 
 
-def test_stream_directory_must_not_be_a_pattern():
+def test_file_names_arguments():
     with pytest.raises(ValueError, match=r"stream directory 'data/\*': no "):
         stream.file_names("data/*")
+    with pytest.raises(ValueError, match="poll_ms must be at least 1"):
+        stream.file_names(poll_ms=0)
+    with pytest.raises(ValueError, match="wait_s positive"):
+        stream.file_names(wait_s=0)
 
 
 def test_prefetcher_arguments(s3_client):

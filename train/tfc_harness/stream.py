@@ -171,6 +171,8 @@ def file_names(directory: str = STREAM_DIR, poll_ms: int = 50, wait_s: float = 6
     """
     import tensorflow as tf
 
+    if poll_ms < 1 or wait_s <= 0:
+        raise ValueError(f"poll_ms must be at least 1 and wait_s positive (not {poll_ms} and {wait_s})")
     folder = _graph_directory(directory)
     position = f"{folder}/{POSITION}"
     # The position's name enters as an element, not a constant that graph optimization could read early.
