@@ -1,0 +1,174 @@
+"""Data URLs, listing files in S3 (moto), their assignment to workers and the CSV header."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from tfc_harness import s3io, sources
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def bucket(s3_client):
+    name = f"src-{next(_names)}"
+    s3_client.create_bucket(Bucket=name)
+    return name
+
+
+def _put(client, bucket, keys, body=b"x"):
+    for key in keys:
+        client.put_object(Bucket=bucket, Key=key, Body=body)
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("s3://data/train-*.csv", ("data", "train-*.csv")),
+    ("s3://my.bucket-1/a/b/", ("my.bucket-1", "a/b/")),
+    ("s3://data/a/part-00001.tfrecord", ("data", "a/part-00001.tfrecord")),
+    ("s3://data/", ("data", "")),
+])
+def test_parse_url(url, expected):
+    assert sources.parse_url(url) == expected
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("https://data/x.csv", "not an s3:// URL"),
+    ("/local/train.csv", "not an s3:// URL"),
+    ("s3://data", "no key pattern or prefix"),
+    ("s3:///x.csv", "bad bucket name"),
+    ("s3://Data/x.csv", "bad bucket name"),
+    ("s3://data//x.csv", "empty path segment"),
+])
+def test_parse_url_refuses_with_the_url_and_what_is_allowed(url, problem):
+    with pytest.raises(ValueError) as err:
+        sources.parse_url(url)
+    assert repr(url) in str(err.value) and problem in str(err.value)
+    assert "s3://<bucket>/<glob>" in str(err.value) and "ending in /" in str(err.value)
+
+
+def test_literal_prefix_and_segment_matching():
+    assert sources.literal_prefix("d/train-*.csv") == "d/train-"
+    assert sources.literal_prefix("d/part-[0-9]?.csv") == "d/part-"
+    assert sources.literal_prefix("d/x.csv") == "d/x.csv"
+    assert sources.matches("d/train-1.csv", "d/train-*.csv")
+    assert not sources.matches("d/train-1/x.csv", "d/train-*.csv")   # * does not cross '/'
+    assert not sources.matches("d/train-1.csv.bak", "d/train-*.csv")
+    assert sources.matches("d/a/x.csv", "d/*/x.csv")
+    assert not sources.matches("D/train-1.csv", "d/train-*.csv")     # case-sensitive like S3 keys
+
+
+def test_list_files_glob(s3_client, bucket):
+    _put(s3_client, bucket, ["d/train-2.csv", "d/train-1.csv", "d/train-1/inner.csv", "d/test-1.csv",
+                             "d/train-3.txt", "other/train-4.csv"])
+    s3_client.put_object(Bucket=bucket, Key="d/train-10.csv", Body=b"abcd")
+    files = sources.list_files(s3_client, f"s3://{bucket}/d/train-*.csv")
+    assert [f["key"] for f in files] == ["d/train-1.csv", "d/train-10.csv", "d/train-2.csv"]
+    big = next(f for f in files if f["key"] == "d/train-10.csv")
+    head = s3_client.head_object(Bucket=bucket, Key="d/train-10.csv")
+    assert big["size"] == 4 and big["etag"] == head["ETag"].strip('"') and '"' not in big["etag"]
+
+
+def test_list_files_prefix_takes_everything_under_it_but_folder_markers(s3_client, bucket):
+    _put(s3_client, bucket, ["p/a.tfrecord", "p/sub/b.tfrecord", "p/", "p/sub/", "q/c.tfrecord", "pp/d"])
+    files = sources.list_files(s3_client, f"s3://{bucket}/p/")
+    assert [f["key"] for f in files] == ["p/a.tfrecord", "p/sub/b.tfrecord"]
+    assert [f["key"] for f in sources.list_files(s3_client, f"s3://{bucket}/")] == [
+        "p/a.tfrecord", "p/sub/b.tfrecord", "pp/d", "q/c.tfrecord"]
+
+
+def test_list_files_nothing_matches(s3_client, bucket):
+    _put(s3_client, bucket, ["d/a.csv"])
+    assert sources.list_files(s3_client, f"s3://{bucket}/d/*.tfrecord") == []
+    assert sources.list_files(s3_client, f"s3://{bucket}/none/") == []
+
+
+class _SmallPages:
+    """A client whose list_objects_v2 paginator asks for 2 keys a page (counted)."""
+
+    def __init__(self, client):
+        self.client, self.pages = client, 0
+
+    def get_paginator(self, name):
+        real = self.client.get_paginator(name)
+        outer = self
+
+        class Paginator:
+            def paginate(self, **kwargs):
+                for page in real.paginate(PaginationConfig={"PageSize": 2}, **kwargs):
+                    outer.pages += 1
+                    yield page
+
+        return Paginator()
+
+
+def test_list_files_reads_every_page(s3_client, bucket):
+    keys = [f"d/part-{i:02d}.csv" for i in range(7)]
+    _put(s3_client, bucket, keys)
+    client = _SmallPages(s3_client)
+    assert [f["key"] for f in sources.list_files(client, f"s3://{bucket}/d/part-*.csv")] == keys
+    assert client.pages == 4
+
+
+def _files(sizes):
+    return [{"key": f"k{i:02d}", "size": size, "etag": "e"} for i, size in enumerate(sizes)]
+
+
+def test_assign_largest_first_to_least_loaded():
+    shares = sources.assign(_files([10, 70, 20, 30, 40, 50]), 2)
+    assert [[f["key"] for f in share] for share in shares] == [["k00", "k01", "k03"], ["k02", "k04", "k05"]]
+    assert [sum(f["size"] for f in share) for share in shares] == [110, 110]
+
+
+def test_assign_is_disjoint_complete_balanced_and_deterministic():
+    files = _files([(i * 7919) % 1000 + 1 for i in range(50)])
+    shares = sources.assign(files, 4)
+    keys = [f["key"] for share in shares for f in share]
+    assert sorted(keys) == [f["key"] for f in files] and len(set(keys)) == len(keys)
+    loads = [sum(f["size"] for f in share) for share in shares]
+    assert max(loads) - min(loads) <= max(f["size"] for f in files)
+    assert sources.assign(list(reversed(files)), 4) == shares
+    assert all(share == sorted(share, key=lambda f: f["key"]) for share in shares)
+
+
+def test_assign_ties_by_key_and_empty_files_still_spread():
+    shares = sources.assign(_files([5, 5, 5, 5]), 2)
+    assert [[f["key"] for f in share] for share in shares] == [["k00", "k02"], ["k01", "k03"]]
+    assert [len(share) for share in sources.assign(_files([0, 0, 0]), 3)] == [1, 1, 1]
+
+
+def test_assign_refuses_a_worker_without_data():
+    with pytest.raises(ValueError, match="3 files for 4 workers: worker 3 would have no data"):
+        sources.assign(_files([1, 2, 3]), 4)
+    with pytest.raises(ValueError, match="0 files for 1 workers"):
+        sources.assign([], 1)
+    with pytest.raises(ValueError, match="at least one worker"):
+        sources.assign(_files([1]), 0)
+
+
+def test_csv_header(s3_client, bucket):
+    s3_client.put_object(Bucket=bucket, Key="h.csv", Body=b"\xef\xbb\xbf a , b,\"c,d\",target\r\n1,2,3,4\r\n")
+    assert sources.csv_header(s3_client, bucket, "h.csv") == ["a", "b", "c,d", "target"]
+    s3_client.put_object(Bucket=bucket, Key="only.csv", Body=b"x,y")
+    assert sources.csv_header(s3_client, bucket, "only.csv") == ["x", "y"]
+
+
+def test_csv_header_reads_only_the_first_bytes(s3_client, bucket):
+    body = b"a,b\n" + b"1,2\n" * 100_000
+    s3_client.put_object(Bucket=bucket, Key="big.csv", Body=body)
+    seen = []
+    s3_client.meta.events.register("after-call.s3.GetObject",
+                                   lambda parsed, **kw: seen.append(parsed["ContentLength"]))
+    assert sources.csv_header(s3_client, bucket, "big.csv") == ["a", "b"]
+    assert seen and seen[0] <= sources.HEADER_BYTES < len(body)
+
+
+def test_csv_header_problems(s3_client, bucket):
+    s3_client.put_object(Bucket=bucket, Key="empty.csv", Body=b"")
+    with pytest.raises(ValueError, match="empty.csv: the first line .* is empty"):
+        sources.csv_header(s3_client, bucket, "empty.csv")
+    s3_client.put_object(Bucket=bucket, Key="long.csv", Body=b"a" * (sources.HEADER_BYTES + 10))
+    with pytest.raises(ValueError, match="no end of the header line"):
+        sources.csv_header(s3_client, bucket, "long.csv")
+    with pytest.raises(s3io.TransferError, match="missing.csv"):
+        sources.csv_header(s3_client, bucket, "missing.csv")

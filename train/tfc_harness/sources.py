@@ -1,0 +1,124 @@
+"""Training data as files in object storage: which files a URL names, and which worker reads which.
+
+A data URL is ``s3://bucket/<glob>`` or ``s3://bucket/<prefix>/``.  A glob is matched with
+:func:`fnmatch.fnmatchcase` one ``/``-separated segment at a time, so ``*``, ``?`` and ``[...]`` never
+cross a ``/``; only keys under the glob's literal part (everything before the first wildcard) are listed.
+A prefix ending in ``/`` (or nothing after the bucket) takes every object under it, also in deeper
+folders, but not folder markers (keys ending in ``/``).  Each file is ``{"key", "size", "etag"}``
+(etag without its quotes).
+
+:func:`assign` gives each worker its own files, balanced by size; nothing here opens a file's contents
+except :func:`csv_header`, which reads the first line with a ranged GET.  No TensorFlow import here.
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import heapq
+import re
+
+from botocore.exceptions import ClientError
+
+from . import s3io
+
+WILDCARDS = "*?["
+HEADER_BYTES = 64 * 1024  # a CSV header line longer than this is refused
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,62}$")
+_ALLOWED = "s3://<bucket>/<glob> (e.g. s3://data/train-*.csv) or s3://<bucket>/<prefix>/ (ending in /)"
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``s3://b/path/train-*.csv`` -> ``("b", "path/train-*.csv")``; ValueError naming the URL when bad."""
+    if not isinstance(url, str) or not url.startswith("s3://"):
+        raise ValueError(f"data URL {url!r}: not an s3:// URL; expected {_ALLOWED}")
+    bucket, sep, path = url[len("s3://"):].partition("/")
+    problem = None
+    if not _BUCKET.match(bucket):
+        problem = f"bad bucket name {bucket!r}"
+    elif not sep:
+        problem = "no key pattern or prefix after the bucket"
+    elif path.startswith("/") or "//" in path:
+        problem = "empty path segment (//)"
+    if problem:
+        raise ValueError(f"data URL {url!r}: {problem}; expected {_ALLOWED}")
+    return bucket, path
+
+
+def literal_prefix(pattern: str) -> str:
+    """The part of ``pattern`` before its first wildcard (all of it when it has none)."""
+    cut = min((i for i in (pattern.find(c) for c in WILDCARDS) if i >= 0), default=len(pattern))
+    return pattern[:cut]
+
+
+def is_prefix(pattern: str) -> bool:
+    """True for a prefix (ending in ``/``, or empty: the whole bucket), False for a glob."""
+    return pattern == "" or pattern.endswith("/")
+
+
+def matches(key: str, pattern: str) -> bool:
+    """True when ``key`` matches the glob ``pattern`` segment by segment (wildcards never cross ``/``)."""
+    if is_prefix(pattern):
+        return key.startswith(pattern) and not key.endswith("/")
+    keys, parts = key.split("/"), pattern.split("/")
+    return len(keys) == len(parts) and all(fnmatch.fnmatchcase(k, p) for k, p in zip(keys, parts, strict=True))
+
+
+def list_files(s3_client, url: str) -> list[dict]:
+    """The files ``url`` names, sorted by key: ``[{"key", "size", "etag"}]``; [] when nothing matches."""
+    bucket, pattern = parse_url(url)
+    prefix = pattern if is_prefix(pattern) else literal_prefix(pattern)
+
+    def pages():
+        return list(s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix))
+
+    found = [{"key": obj["Key"], "size": int(obj["Size"]), "etag": str(obj.get("ETag", "")).strip('"')}
+             for page in s3io.with_retries(pages, f"list s3://{bucket}/{prefix}")
+             for obj in page.get("Contents", []) if matches(obj["Key"], pattern)]
+    return sorted(found, key=lambda f: f["key"])
+
+
+def assign(files: list[dict], num_workers: int) -> list[list[dict]]:
+    """Disjoint per-worker lists (each sorted by key): largest file first to the least-loaded worker.
+
+    Load is (bytes, files, worker index), so ties, empty files included, go to the worker with fewer
+    files, then to the lower index; equal sizes are taken in key order.  Deterministic.
+    """
+    if num_workers < 1:
+        raise ValueError(f"need at least one worker, not {num_workers}")
+    if len(files) < num_workers:
+        raise ValueError(f"{len(files)} files for {num_workers} workers: worker {len(files)} would have no "
+                         "data (every worker needs at least one file; use fewer workers or more, smaller files)")
+    shares: list[list[dict]] = [[] for _ in range(num_workers)]
+    loads = [(0, 0, index) for index in range(num_workers)]
+    for f in sorted(files, key=lambda f: (-f["size"], f["key"])):
+        size, count, index = heapq.heappop(loads)
+        shares[index].append(f)
+        heapq.heappush(loads, (size + f["size"], count + 1, index))
+    return [sorted(share, key=lambda f: f["key"]) for share in shares]
+
+
+def csv_header(s3_client, bucket: str, key: str) -> list[str]:
+    """The column names on the first line of ``s3://bucket/key`` (read with a ranged GET)."""
+    what = f"s3://{bucket}/{key}"
+    head = _first_bytes(s3_client, bucket, key, HEADER_BYTES)
+    line, newline, _ = head.partition(b"\n")
+    if not newline and len(head) >= HEADER_BYTES:
+        raise ValueError(f"{what}: no end of the header line in its first {HEADER_BYTES} bytes")
+    text = line.decode("utf-8-sig", errors="replace").rstrip("\r")
+    if not text.strip():
+        raise ValueError(f"{what}: the first line (the CSV header) is empty")
+    return [name.strip() for name in next(csv.reader([text]))]
+
+
+def _first_bytes(s3_client, bucket: str, key: str, count: int) -> bytes:
+    def get():
+        return s3_client.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{count - 1}")["Body"].read()
+
+    try:
+        return s3io.with_retries(get, f"read the first line of s3://{bucket}/{key}")
+    except s3io.TransferError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") == "InvalidRange":
+            return b""  # an empty object has no byte 0
+        raise
