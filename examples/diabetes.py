@@ -12,7 +12,7 @@ row as a float32 feature vector [10] and a float32 label.
 The model ends in a fixed rescaling (``y = 80 z + 150``: a rough prior of the target's scale) so that its
 last Dense layer works on standardised values while the loss and the metrics are in the target's units:
 Adam then needs a few hundred steps, not thousands. Expected on the test split (89 rows) after 400
-steps of 32 at learning rate 0.002: MAE about 40-43, RMSE about 51-54 (a linear regression gets 42.8 and
+steps of 32 at learning rate 0.002: MAE about 40-43, RMSE about 51-55 (a linear regression gets 42.8 and
 53.9, always predicting the mean 64 and 73). Longer training overfits these 353 rows: more steps or
 wider layers give a worse test error.
 """
