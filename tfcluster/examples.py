@@ -179,9 +179,9 @@ def describe(counts: dict[str, int]) -> str:
     return ", ".join(parts)
 
 
-def write_for(spec, log=print) -> dict[str, dict[str, int]]:
+def write_for(spec) -> dict[str, dict[str, int]]:
     """``tfcluster example-data``: the configured store (started if local) and bucket."""
     from . import cluster, store
 
     cluster.prepare_storage(spec)
-    return write_all(store.client(spec), spec.storage.bucket, log=log)
+    return write_all(store.client(spec), spec.storage.bucket, log=cluster.say)
