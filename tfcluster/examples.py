@@ -130,12 +130,14 @@ DATASETS = {"diabetes": diabetes_shards, "cancer": cancer_shards}
 
 # -- writing ------------------------------------------------------------------------------------------
 def stored_md5(s3, bucket: str, key: str) -> str | None:
-    """The object's ETag (the MD5 of a single-part upload's bytes), or None when there is no object."""
+    """The object's ETag (the MD5 of a single-part upload's bytes), or None when there is no object (or S3
+    answers 403 for a missing key, as it does to callers without s3:ListBucket: then the put decides)."""
     try:
         head = s3io.with_retries(lambda: s3.head_object(Bucket=bucket, Key=key), f"look up s3://{bucket}/{key}")
     except s3io.TransferError as exc:
         cause = exc.__cause__
-        if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+        code = cause.response.get("Error", {}).get("Code") if isinstance(cause, ClientError) else None
+        if code in ("404", "NoSuchKey", "403"):
             return None
         raise
     return head.get("ETag", "").strip('"')
