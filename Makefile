@@ -38,6 +38,10 @@ $(BOOTSTRAP): requirements.txt pyproject.toml train/pyproject.toml scripts/boots
 .PHONY: bootstrap
 bootstrap: $(BOOTSTRAP) ## Install apt packages and the controller venv (done automatically on first use)
 
+.PHONY: example-data
+example-data: $(BOOTSTRAP) ## Write the examples' data (examples/README.md) to the store, starting the local one if needed
+	$(TFCLUSTER) example-data $(CONFIG_ARGS)
+
 ##@ A run
 .PHONY: all
 all: $(BOOTSTRAP) ## up, train, down: down runs after success, failure and Ctrl-C (exit status: the first failure)

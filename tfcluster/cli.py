@@ -176,6 +176,13 @@ def cmd_store(args) -> int:
     return 0
 
 
+def cmd_example_data(args) -> int:
+    from . import examples
+
+    examples.write_for(spec_from_args(args))
+    return 0
+
+
 def cmd_reference(args) -> int:
     print(config.reference())
     return 0
@@ -228,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("store", cmd_store, "the local S3-compatible store (outlives clusters)")
     p.add_argument("action", choices=["start", "stop", "status"])
     p.add_argument("--force", action="store_true", help="stop: even while clusters are up")
+    _config_args(add("example-data", cmd_example_data, "write the data of examples/ (diabetes CSV, cancer TFRecord "
+                                                       "shards) to the configured store's bucket; idempotent"))
     add("config-reference", cmd_reference, "print the configuration fields as a Markdown table")
     add("schema", cmd_schema, "print the JSON Schema of the cluster file (for editors' YAML support)")
     return parser
