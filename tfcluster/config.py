@@ -579,7 +579,17 @@ def load_file(path: str | Path | None) -> dict:
         raise ConfigError("config file", str(path), f"valid YAML ({exc})".replace("\n", " ")) from None
     if not isinstance(data, Mapping):
         raise ConfigError("config file", str(path), "a YAML mapping at the top level")
-    return dict(data)
+    return _model_beside_file(dict(data), p)
+
+
+def _model_beside_file(data: dict, path: Path) -> dict:
+    """A relative ``training.model`` path in a cluster file names a file beside it (as `make` runs from
+    anywhere); on the command line it is relative to the current directory."""
+    training = data.get("training")
+    model = training.get("model") if isinstance(training, Mapping) else None
+    if isinstance(model, str) and model.endswith(".py") and not Path(model).expanduser().is_absolute():
+        data["training"] = dict(training, model=str(path.resolve().parent / model))
+    return data
 
 
 def _merge(tree: dict, path: list[str], value) -> None:

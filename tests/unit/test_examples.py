@@ -21,8 +21,6 @@ from tfcluster import config, examples
 EXAMPLES = REPO / "examples"
 ROWS = {"diabetes": 442, "cancer": 569}
 DATA_FILES = ("diabetes.yml", "cancer.yml")
-SKIP_NO_DATA_FIELD = ("the cluster file has no `data:` section yet (RunSpec.data, issue 11): the rest of the file "
-                      "validated; remove this skip when the field lands")
 
 
 def load_module(name: str):
@@ -167,17 +165,15 @@ def assert_disjoint_and_complete(train: np.ndarray, test: np.ndarray, total: int
 # -- the cluster files --------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["digits.yml", "diabetes.yml", "cancer.yml"])
 def test_example_cluster_file_validates(name, monkeypatch):
-    monkeypatch.chdir(REPO)  # model paths in the files are relative to the repository's top, where make runs
+    monkeypatch.chdir("/")   # a relative model path in a cluster file is relative to the file, not the cwd
     values = config.load_file(EXAMPLES / name)
-    has_field = "data" in config.RunSpec.model_fields
-    spec = config.resolve(values if has_field or "data" not in values else
-                          {k: v for k, v in values.items() if k != "data"})
+    spec = config.resolve(values)
     assert spec.provider == "local" and (spec.count("ps"), spec.count("worker"), spec.count("chief")) == (1, 2, 1)
     assert spec.training.steps <= 600
     if name != "digits.yml":
         assert Path(spec.training.model) == EXAMPLES / name.replace(".yml", ".py")
-    if "data" in values and not has_field:
-        pytest.skip(SKIP_NO_DATA_FIELD)
+    if "data" in values:
+        assert spec.data.train.startswith("s3://tfcluster/examples/") and spec.data.format in ("csv", "tfrecord")
 
 
 def url_matches(url: str, key: str) -> bool:

@@ -8,7 +8,8 @@ import pytest
 from tests.conftest import run_cli
 from tests.unit.test_config import _cluster_traces
 
-GOOD_MODEL = "import keras\ndef build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])\n"
+GOOD_MODEL = ("import keras\ndef build_model():\n"
+              "    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])\n")
 
 # (id, module text, extra cluster file text, what the one error line must say)
 CASES = [

@@ -1,11 +1,11 @@
 """Reading a published run back from S3 and evaluating it in a fresh Python process (controller side).
 
 ``verify_run`` refuses a run without ``_SUCCESS``, downloads ``manifest.json``, ``metrics.json``,
-``_SUCCESS`` and every model file the manifest lists (not the run's checkpoints), checks each against the manifest (sha256 and size; a file under ``model/``
-that the manifest does not list is also an error), downloads the test split the *caller* names (the
-controller's own record of the run's data, not anything the chief wrote), runs ``python -m
-tfc_harness.evaluate`` with ``sys.executable`` and compares every ``test_*`` figure with the chief's
-``metrics.json`` (:data:`TOLERANCE`).
+``_SUCCESS`` and every model file the manifest lists (not the run's checkpoints), checks each against the
+manifest (sha256 and size; a file under ``model/`` that the manifest does not list is also an error),
+downloads the test split the *caller* names (the controller's own record of the run's data, not anything
+the chief wrote), runs ``python -m tfc_harness.evaluate`` with ``sys.executable`` and compares every
+``test_*`` figure with the chief's ``metrics.json`` (:data:`TOLERANCE`).
 
 CLI::
 
