@@ -214,7 +214,8 @@ def _fetch_logs(state: ClusterState, run_id: str, forks: int, tags: str) -> Path
 
 
 def train(spec: RunSpec, configure_first: bool = True) -> dict:
-    """Configure, start the tasks, wait with progress, stop ps/workers, fetch logs, verify."""
+    """Check the job and its data, configure, start the tasks, wait with progress, stop ps/workers, fetch
+    logs, verify."""
     state = ClusterState(spec.cluster)
     nodes = _nodes_or_fail(state)
     _check_cluster_fits(spec, state)
@@ -222,9 +223,12 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
     if run.get("state") == RunState.UNVERIFIED:
         say(f"run {run['run_id']} was published but not verified yet: verifying it")
         return verify(spec, run)
+    with phase("check the training job and its data"):   # before the slow configure: bad data fails fast
+        prepared = job.prepare(spec)
+        say(_data_line(spec, prepared))
     if configure_first:
         configure(spec)
-    run, settings = _open_run(spec, state, run)
+    run, settings = _open_run(spec, state, run, prepared)
     final = _run_tasks(spec, state, nodes, run, settings)
     return _conclude(spec, state, nodes, run, final)
 
@@ -240,12 +244,10 @@ def _check_cluster_fits(spec: RunSpec, state: ClusterState) -> None:
                              f"run 'make down' and 'make up' with the new settings first")
 
 
-def _open_run(spec: RunSpec, state: ClusterState, previous: dict) -> tuple[dict, dict]:
-    """Check the job and prepare its data; resume the previous run when it can be (same model, batch size,
-    hparams and data), else start one; write the record. Returns the record and the nodes' settings."""
-    with phase("check the training job and its data"):
-        prepared = job.prepare(spec)
-        say(_data_line(spec, prepared))
+def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict) -> tuple[dict, dict]:
+    """Resume the previous run when it can be (same model, batch size, hparams and data, as ``prepared``
+    by :func:`tfcluster.job.prepare`), else start one; write the record. Returns the record and the nodes'
+    settings."""
     fingerprint = {"model": job.model_name(spec), "batch_size": spec.training.batch_size,
                    "hparams": spec.training.hparams, "data": _data_identity(prepared["describe"])}
     resume = previous.get("state") in runrecord.RESUMABLE
