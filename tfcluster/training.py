@@ -277,14 +277,21 @@ def _data_identity(describe: dict) -> str:
     return hashlib.sha256(json.dumps([describe["train"], describe["test"]], sort_keys=True).encode()).hexdigest()
 
 
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
 def _data_line(spec: RunSpec, prepared: dict) -> str:
     d = prepared["describe"]
     if d["source"] == "arrays":
         return (f"data: make_dataset() of {job.model_name(spec)}, {d['rows']['train']} training and "
                 f"{d['rows']['test']} test examples, sha256 {d['sha256'][:12]}, s3://{d['bucket']}/{d['prefix']}/ "
                 + ("uploaded" if prepared.get("uploaded") else "already there (same content)"))
-    size = sum(f["size"] for f in d["train"]) / 1e6
-    return (f"data: {len(d['train'])} training files ({size:.1f} MB) and {len(d['test'])} test files "
+    return (f"data: {len(d['train'])} training files ({_size(sum(f['size'] for f in d['train']))}) and "
+            f"{len(d['test'])} test files "
             f"({d['format']}) in s3://{d['bucket']}/, spread over {spec.count('worker')} workers")
 
 
