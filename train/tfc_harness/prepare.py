@@ -160,6 +160,11 @@ def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, f
             batch = next(iter(dataset.batch(PROBE_EXAMPLES)), None)
         except HarnessError:
             raise
+        except ValueError as exc:
+            if "decode(record)" not in str(exc):
+                raise DataError(f"{where}: {_first_line(exc)}") from None
+            raise ModelModuleError(f"model module {usermodel.label(module)}: decode() returns the wrong "
+                                   f"structure: {_first_line(exc)}") from None
         except Exception as exc:
             what = "decode()" if settings_data["format"] == "tfrecord" else "CSV parsing"
             raise DataError(f"{where}: reading its first records with {what} failed: "

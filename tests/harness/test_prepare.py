@@ -1,0 +1,142 @@
+"""The controller's checks of a job's data before any node trains (tfc_harness.prepare, against moto):
+each bad case is one error naming the module or the data file and what is wrong."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from harness_support import S3_CREDENTIALS, node_env
+from tfc_harness import prepare
+from tfc_harness.errors import HarnessError, ModelModuleError
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
+
+BUCKET = "prep"
+CSV_MODEL = """
+    import keras
+    loss = "mse"
+    def build_model():
+        return keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
+"""
+TFRECORD_MODEL = """
+    import keras
+    import tensorflow as tf
+    loss = keras.losses.BinaryCrossentropy(from_logits=True)
+    SPEC = {"x": tf.io.FixedLenFeature([3], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
+    def decode(record):
+        row = tf.io.parse_single_example(record, SPEC)
+        return row["x"], tf.cast(row["y"], tf.float32)
+    def build_model():
+        return keras.Sequential([keras.Input(shape=(3,)), keras.layers.Dense(OUTPUTS)])
+    OUTPUTS = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def store(moto_endpoint):
+    """A bucket with good and bad files, written once for the module."""
+    import boto3
+    import tensorflow as tf
+
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    s3.create_bucket(Bucket=BUCKET)
+
+    def put(key: str, body: bytes) -> None:
+        s3.put_object(Bucket=BUCKET, Key=key, Body=body)
+
+    for i in range(3):
+        put(f"csv/good/train-{i}.csv", b"a,b,target\n" + b"".join(b"%d,%d,%d.5\n" % (j, -j, j) for j in range(5)))
+    put("csv/good/test-0.csv", b"a,b,target\n1,2,3\n4,5,6\n")
+    put("csv/nolabel/train-0.csv", b"a,b,c\n1,2,3\n")
+    put("csv/nolabel/train-1.csv", b"a,b,c\n1,2,3\n")
+    put("csv/nolabel/test-0.csv", b"a,b,c\n1,2,3\n")
+    put("csv/text/train-0.csv", b"a,b,target\n1,2,3\n")
+    put("csv/text/train-1.csv", b"a,b,target\n1,2,3\n")
+    put("csv/text/test-0.csv", b"a,b,target\n1,high,3\n")
+    buf = io.BytesIO()
+    path = "/tmp/tfc-prepare-test.tfrecord"
+    with tf.io.TFRecordWriter(path) as writer:
+        for row in np.arange(12, dtype=np.float32).reshape(4, 3):
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(row[0]) % 2]))})).SerializeToString())
+    buf.write(open(path, "rb").read())
+    for i in range(2):
+        put(f"rec/good/train-{i}.tfrecord", buf.getvalue())
+    put("rec/good/test-0.tfrecord", buf.getvalue())
+    put("rec/garbage/train-0.tfrecord", b"this is not a tfrecord file at all" * 10)
+    put("rec/garbage/train-1.tfrecord", b"this is not a tfrecord file at all" * 10)
+    put("rec/garbage/test-0.tfrecord", b"this is not a tfrecord file at all" * 10)
+    put("other/x.csv", b"a,b,target\n1,2,3\n")
+    return moto_endpoint
+
+
+def job(tmp_path, endpoint, module: str, train: str, test: str, fmt: str, workers: int = 2, label="target"):
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(module))
+    return {"module": str(path), "hparams": {}, "workers": workers, "bucket": BUCKET, "endpoint": endpoint,
+            "region": "us-east-1", "dataset_base": "datasets/job",
+            "data": {"train": f"s3://{BUCKET}/{train}", "test": f"s3://{BUCKET}/{test}", "format": fmt,
+                     "label": label}}
+
+
+@pytest.fixture
+def creds(monkeypatch):
+    for key, value in S3_CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_good_csv_and_tfrecord_jobs(store, tmp_path, creds):
+    csv = prepare.run(job(tmp_path, store, CSV_MODEL, "csv/good/train-*", "csv/good/test-*", "csv", workers=3))
+    assert csv["data"]["columns"] == ["a", "b", "target"] and [len(w) for w in csv["data"]["train"]] == [1, 1, 1]
+    rec = prepare.run(job(tmp_path, store, TFRECORD_MODEL, "rec/good/train-*", "rec/good/test-*", "tfrecord"))
+    assert rec["data"]["label"] is None and rec["describe"]["test"][0]["key"] == "rec/good/test-0.tfrecord"
+
+
+@pytest.mark.parametrize("module, train, test, fmt, workers, error, fragment", [
+    (CSV_MODEL, "csv/nothing-*.csv", "csv/good/test-*", "csv", 2, prepare.DataError,
+     f"data.train: s3://{BUCKET}/csv/nothing-*.csv matches no object in s3://{BUCKET}/"),
+    (CSV_MODEL, "csv/good/train-*", "csv/good/nothing/", "csv", 2, prepare.DataError,
+     f"data.test: s3://{BUCKET}/csv/good/nothing/ matches no object"),
+    (CSV_MODEL, "csv/good/train-*", "csv/good/test-*", "csv", 4, prepare.DataError,
+     "data.train: 3 files for 4 workers: worker 3 would have no data"),
+    (CSV_MODEL, "csv/nolabel/train-*", "csv/nolabel/test-*", "csv", 2, prepare.DataError,
+     "s3://prep/csv/nolabel/train-0.csv: label column 'target' is not in the header (a, b, c)"),
+    (CSV_MODEL, "csv/text/train-*", "csv/text/test-*", "csv", 2, prepare.DataError,
+     "s3://prep/csv/text/test-0.csv: reading its first records with CSV parsing failed"),
+    (CSV_MODEL, "csv/good/train-*", "csv/good/*", "csv", 2, prepare.DataError,
+     "data.train and data.test both match s3://prep/csv/good/train-0.csv"),
+    (TFRECORD_MODEL, "rec/garbage/train-*", "rec/garbage/test-*", "tfrecord", 2, prepare.DataError,
+     "s3://prep/rec/garbage/test-0.tfrecord: reading its first records with decode() failed"),
+    (TFRECORD_MODEL.replace("return row[\"x\"], tf.cast(row[\"y\"], tf.float32)", "return row[\"x\"]"),
+     "rec/good/train-*", "rec/good/test-*", "tfrecord", 2, ModelModuleError,
+     "decode() returns the wrong structure: decode(record) must return (features, label)"),
+    (TFRECORD_MODEL.replace("OUTPUTS = 1", "OUTPUTS = 3"), "rec/good/train-*", "rec/good/test-*", "tfrecord", 2,
+     ModelModuleError, "the loss fails on labels of shape (4,) and model outputs of shape (4, 3)"),
+])
+def test_bad_data_is_named_before_training(store, tmp_path, creds, module, train, test, fmt, workers, error,
+                                           fragment):
+    with pytest.raises(error) as err:
+        prepare.run(job(tmp_path, store, module, train, test, fmt, workers))
+    assert fragment in str(err.value), str(err.value)
+
+
+def test_the_command_exits_2_with_one_error_line(store, tmp_path):
+    args = job(tmp_path, store, CSV_MODEL, "csv/nolabel/train-*", "csv/nolabel/test-*", "csv")
+    proc = subprocess.run([sys.executable, "-m", "tfc_harness.prepare", "run", json.dumps(args)], capture_output=True,
+                          text=True, env=node_env(dict(S3_CREDENTIALS)), timeout=120)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR: ")]
+    assert proc.returncode == 2 and len(errors) == 1 and "label column 'target'" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_a_harness_error_is_what_the_controller_reports(store, tmp_path, creds):
+    assert issubclass(prepare.DataError, HarnessError)
