@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import textwrap
 
 import pytest
 
@@ -102,6 +103,62 @@ def test_second_configure_changes_nothing(home, artifacts, trained):
     assert len(recap) == 4 and all(changed == "0" for _, changed in recap), recap
 
 
+@pytest.mark.parametrize("example, headline, good", [("diabetes", "mae", lambda v: v < 48),
+                                                      ("cancer", "auc", lambda v: v > 0.97)])
+def test_an_example_with_its_data_in_the_store_trains_on_the_same_cluster(home, artifacts, trained, example,
+                                                                          headline, good):
+    """The regression example (CSV shards) and the binary classifier (TFRecord shards), as a user runs them."""
+    res = tfcluster(home, artifacts, "example-data")
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = tfcluster(home, artifacts, "train", "-c", str(REPO / "examples" / f"{example}.yml"), timeout=900)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr
+    value = float(re.search(rf"^test {headline}: ([0-9.]+)$", res.stdout, re.M).group(1))
+    assert good(value), res.stdout[-2000:]
+    assert re.search(r"^test loss: [0-9.]+$", res.stdout, re.M)
+    run = json.loads((home / CLUSTER / "run.json").read_text())
+    assert run["state"] == "verified" and run["headline"] == f"test_{headline}"
+    files = run["data"]["train"]
+    assert run["data"]["source"] == "files" and len(files) == 6 and all(f["etag"] and f["size"] for f in files)
+    # metrics.json names the same files (as the chief saw them, per worker), each with its ETag
+    assert {(f["key"], f["etag"]) for f in run["metrics"]["data"]["train"]} == {(f["key"], f["etag"]) for f in files}
+
+
+def test_a_changed_make_dataset_trains_on_the_new_data(home, artifacts, trained, tmp_path):
+    """Data sets are stored by content: changing make_dataset() gives a new data set, never the old copy."""
+    (tmp_path / "rows.txt").write_text("100")
+    module = tmp_path / "sized.py"
+    module.write_text(textwrap.dedent("""\
+        from pathlib import Path
+        import numpy as np
+
+
+        def make_dataset():
+            n = int((Path(__file__).parent / "rows.txt").read_text())
+            rng = np.random.default_rng(n)
+            x = rng.random((4 * n, 4), dtype=np.float32)
+            y = (x.sum(axis=1) > 2).astype(np.int64)
+            return {"train": (x[n:], y[n:]), "test": (x[:n], y[:n])}
+
+
+        def build_model():
+            import keras
+            return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(2)])
+        """))
+    runs = []
+    for rows in (100, 150):
+        (tmp_path / "rows.txt").write_text(str(rows))
+        res = tfcluster(home, artifacts, "train", "--set", f"training.model={module}", "--set", "training.steps=40",
+                        timeout=900)
+        assert res.returncode == 0, res.stdout[-4000:] + res.stderr
+        assert f"{3 * rows} training and {rows} test examples" in res.stdout
+        runs.append(json.loads((home / CLUSTER / "run.json").read_text()))
+        assert runs[-1]["metrics"]["test_examples"] == rows and runs[-1]["verified_metrics"]["n"] == rows
+    first, second = runs
+    assert first["run_id"] != second["run_id"]
+    assert first["data"]["sha256"] != second["data"]["sha256"]
+    assert second["dataset_prefix"] == f"datasets/sized-{second['data']['sha256'][:12]}" != first["dataset_prefix"]
+
+
 def test_failed_training_fetches_logs_and_down_guard(home, artifacts, trained, tmp_path):
     broken = tmp_path / "broken_model.py"
     broken.write_text(
@@ -134,3 +191,24 @@ def test_failed_training_fetches_logs_and_down_guard(home, artifacts, trained, t
     res = make("down", home, CLUSTER=CLUSTER, FORCE="1")
     assert res.returncode == 0, res.stdout + res.stderr
     assert leftovers(home, CLUSTER) == []
+
+
+def test_make_all_with_bad_data_exits_2_and_leaves_nothing(tmp_path):
+    """The data check runs before configure: a glob that matches nothing ends `make all` in seconds, and the
+    cluster it brought up is gone."""
+    cluster, home = "tfct-baddata", tmp_path / "state"
+    home.mkdir()
+    (tmp_path / "reg.py").write_text("import keras\nloss = 'mse'\ndef build_model():\n"
+                                     "    return keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])\n")
+    cfg = tmp_path / "bad.yml"
+    cfg.write_text(f"cluster: {cluster}\ntraining: {{model: reg.py}}\n"
+                   "data: {train: 's3://tfcluster/no/such/train-*.csv', test: 's3://tfcluster/no/such/test/', "
+                   "format: csv, label: y}\n")
+    try:
+        res = make("all", home, CONFIG=str(cfg), timeout=600)
+        assert res.returncode == 2, res.stdout[-3000:] + res.stderr
+        assert "data.train: s3://tfcluster/no/such/train-*.csv matches no object" in res.stderr
+        assert "configure" not in res.stdout.split("check the training job")[-1]
+        assert leftovers(home, cluster) == []
+    finally:
+        force_down(home, cluster)
