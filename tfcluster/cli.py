@@ -14,6 +14,7 @@ import sys
 
 from . import cluster, config, store
 from .errors import EXIT_USAGE, ConfigError, GuardError, TfclusterError
+from .paths import ClusterState
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -54,7 +55,6 @@ def cluster_name(args: argparse.Namespace) -> str:
 
 def cmd_validate(args) -> int:
     from . import job
-    from .paths import ClusterState
     from .providers import get_provider
 
     spec = spec_from_args(args)
@@ -105,6 +105,8 @@ def run_then_teardown(spec: config.RunSpec, force: bool, steps, always: bool) ->
         status = 1
     if not always and status == 0:
         return 0
+    if status == EXIT_USAGE and not ClusterState(spec.cluster).dir.exists():
+        return status   # refused before anything was created: nothing to tear down
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         cluster.say("tearing down (Ctrl-C is ignored until this is done)")
