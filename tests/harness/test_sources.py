@@ -131,10 +131,18 @@ def test_assign_is_disjoint_complete_balanced_and_deterministic():
     assert all(share == sorted(share, key=lambda f: f["key"]) for share in shares)
 
 
-def test_assign_ties_by_key_and_empty_files_still_spread():
+def test_assign_ties_by_key_and_refuses_a_share_of_empty_files():
     shares = sources.assign(_files([5, 5, 5, 5]), 2)
     assert [[f["key"] for f in share] for share in shares] == [["k00", "k02"], ["k01", "k03"]]
-    assert [len(share) for share in sources.assign(_files([0, 0, 0]), 3)] == [1, 1, 1]
+    with pytest.raises(ValueError, match="worker 1 would get only empty files"):
+        sources.assign(_files([1000, 0]), 2)
+
+
+def test_list_files_leaves_out_empty_markers(s3_client, bucket):
+    """A Spark or Hadoop output prefix holds _SUCCESS (0 bytes): it must not become a worker's only file."""
+    s3_client.put_object(Bucket=bucket, Key="spark/part-0.tfrecord", Body=b"x" * 1000)
+    s3_client.put_object(Bucket=bucket, Key="spark/_SUCCESS", Body=b"")
+    assert [f["key"] for f in sources.list_files(s3_client, f"s3://{bucket}/spark/")] == ["spark/part-0.tfrecord"]
 
 
 def test_assign_refuses_a_worker_without_data():

@@ -124,7 +124,7 @@ def test_regression_binary_and_multiclass_modules(tmp_path, body, y, loss_name, 
     pytest.importorskip("keras")
     module = usermodel.load(_write(tmp_path, "job", body))
     loss = usermodel.loss_fn(module)
-    assert getattr(loss, "__name__", type(loss).__name__) == loss_name
+    assert usermodel.loss_name(loss) == loss_name
     assert [m.name for m in usermodel.metric_objects(module, loss)] == metric_names
     assert usermodel.probability_fn(loss) == probabilities
     model = usermodel.build_model(module, (4,), {"units": 5} if usermodel.takes_hparams(module) else None)
@@ -144,10 +144,6 @@ def test_hparams_reach_build_model_or_are_refused(tmp_path):
 @pytest.mark.parametrize("body, y, fragment", [
     # class ids beyond the model's 3 outputs
     (MULTICLASS, np.array([0, 7]), "the loss fails on labels of shape (2,) and model outputs of shape (2, 3)"),
-    # a hand-written loss that broadcasts [N] labels against [N, 1] outputs
-    ("import keras\nloss = lambda y, p: (y - p) ** 2\n"
-     "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])\n",
-     np.array([0.5, 1.0, 2.0], dtype=np.float32), "the loss broadcasts labels of shape (3,)"),
     # binary labels for a model with 3 outputs and a binary loss
     ("import keras\nloss = 'binary_crossentropy'\n"
      "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])\n",
@@ -160,6 +156,31 @@ def test_labels_that_do_not_fit_the_loss_are_named(tmp_path, body, y, fragment):
     with pytest.raises(usermodel.ModelModuleError) as err:
         usermodel.check_batch(module, model, np.zeros((len(y), 4), dtype=np.float32), y)
     assert str(err.value).startswith("model module misfit.py: ") and fragment in str(err.value)
+
+
+def test_names_and_functions_meet_outputs_of_shape_n_1_as_keras_loss_classes_do(tmp_path):
+    """[N] labels (CSV labels are always scalars) against [N, 1] outputs: no broadcast to [N, N]."""
+    pytest.importorskip("keras")
+    y, out = np.array([1.0, 2.0, 3.0], dtype=np.float32), np.array([[1.5], [2.0], [2.0]], dtype=np.float32)
+    custom = usermodel.load(_write(tmp_path, "custom", """
+        import keras
+        def loss(y_true, y_pred):      # the textbook per-example MSE
+            return keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
+        def build_model(): pass
+    """))
+    assert float(usermodel.loss_fn(custom)(y, out)) == pytest.approx(np.mean([0.25, 0.0, 1.0]))
+    named = usermodel.load(_write(tmp_path, "named", """
+        loss = "binary_crossentropy"   # on sigmoid outputs [N, 1]
+        def metrics():
+            return ["accuracy"]
+        def build_model(): pass
+    """))
+    loss = usermodel.loss_fn(named)
+    probs = np.array([[0.2], [0.9], [0.6]], dtype=np.float32)
+    assert float(loss(np.array([0.0, 1.0, 0.0]), probs)) > 0
+    accuracy, = usermodel.metric_objects(named, loss)
+    accuracy.update_state(np.array([0.0, 1.0, 0.0]), probs)
+    assert type(accuracy).__name__ == "BinaryAccuracy" and float(accuracy.result()) == pytest.approx(2 / 3)
 
 
 @pytest.mark.parametrize("body, fragment", [

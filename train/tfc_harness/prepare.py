@@ -52,7 +52,7 @@ def check(job: dict) -> dict:
     metrics = usermodel.metric_objects(module, loss)
     usermodel.build_model(module, None, job.get("hparams"))
     return {"module": usermodel.label(module), "data": "files" if files else "make_dataset",
-            "loss": getattr(loss, "name", getattr(loss, "__name__", type(loss).__name__)),
+            "loss": usermodel.loss_name(loss),
             "metrics": [m.name for m in metrics]}
 
 

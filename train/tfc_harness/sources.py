@@ -65,7 +65,8 @@ def matches(key: str, pattern: str) -> bool:
 
 
 def list_files(s3_client, url: str) -> list[dict]:
-    """The files ``url`` names, sorted by key: ``[{"key", "size", "etag"}]``; [] when nothing matches."""
+    """The files ``url`` names, sorted by key: ``[{"key", "size", "etag"}]``; [] when nothing matches.
+    Empty objects (markers such as Spark's ``_SUCCESS``) hold no examples and are left out."""
     bucket, pattern = parse_url(url)
     prefix = pattern if is_prefix(pattern) else literal_prefix(pattern)
 
@@ -74,7 +75,7 @@ def list_files(s3_client, url: str) -> list[dict]:
 
     found = [{"key": obj["Key"], "size": int(obj["Size"]), "etag": str(obj.get("ETag", "")).strip('"')}
              for page in s3io.with_retries(pages, f"list s3://{bucket}/{prefix}")
-             for obj in page.get("Contents", []) if matches(obj["Key"], pattern)]
+             for obj in page.get("Contents", []) if matches(obj["Key"], pattern) and int(obj["Size"]) > 0]
     return sorted(found, key=lambda f: f["key"])
 
 
@@ -95,6 +96,10 @@ def assign(files: list[dict], num_workers: int) -> list[list[dict]]:
         size, count, index = heapq.heappop(loads)
         shares[index].append(f)
         heapq.heappush(loads, (size + f["size"], count + 1, index))
+    empty = [index for index, share in enumerate(shares) if not sum(f["size"] for f in share)]
+    if empty:
+        keys = ", ".join(f["key"] for f in shares[empty[0]])
+        raise ValueError(f"worker {empty[0]} would get only empty files ({keys})")
     return [sorted(share, key=lambda f: f["key"]) for share in shares]
 
 

@@ -167,8 +167,10 @@ def build_model(module: ModuleType, example_shape: tuple[int, ...] | None, hpara
 
 
 def loss_fn(module: ModuleType):
-    """The module's ``loss`` as a callable ``(y_true, y_pred) -> loss``; the default is sparse categorical
-    cross-entropy (from logits unless ``FROM_LOGITS = False``)."""
+    """The module's ``loss`` as a Keras loss object; the default is sparse categorical cross-entropy (from
+    logits unless ``FROM_LOGITS = False``).  A loss name or a plain function ``fn(y_true, y_pred)`` is wrapped
+    so that labels of shape ``[N]`` meet outputs of shape ``[N, 1]`` as ``[N, 1]`` (as Keras's own loss
+    classes do), not broadcast to ``[N, N]``."""
     import keras
 
     value = getattr(module, "loss", None)
@@ -176,16 +178,40 @@ def loss_fn(module: ModuleType):
         return keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits(module))
     if isinstance(value, str):
         try:
-            return keras.losses.get(value)
+            fn = keras.losses.get(value)
         except (ValueError, TypeError):
             raise ModelModuleError(f"model module {label(module)}: loss {value!r} is not a Keras loss name "
                                    "(e.g. 'mse', 'mae', 'binary_crossentropy', "
                                    "'sparse_categorical_crossentropy'), a keras.losses object or a function "
                                    "fn(y_true, y_pred)") from None
-    if callable(value):
+        return fn if isinstance(fn, keras.losses.Loss) else _aligned(fn, getattr(fn, "__name__", value))
+    if isinstance(value, keras.losses.Loss):
         return value
+    if callable(value):
+        return _aligned(value, getattr(value, "__name__", "loss"))
     raise ModelModuleError(f"model module {label(module)}: loss must be a Keras loss name, a keras.losses "
                            f"object or a function fn(y_true, y_pred) (got {type(value).__name__})")
+
+
+def _aligned(fn, name: str):
+    """``fn(y_true, y_pred)`` as a Keras loss whose labels get the outputs' rank when they lack a last axis
+    of size 1 (Keras's ``squeeze_or_expand_to_same_rank`` rule, which its loss classes apply)."""
+    import keras
+
+    class AlignedLoss(keras.losses.Loss):
+        def call(self, y_true, y_pred):
+            if len(y_true.shape) == len(y_pred.shape) - 1 and y_pred.shape[-1] == 1:
+                y_true = keras.ops.expand_dims(y_true, -1)
+            return fn(y_true, y_pred)
+
+    loss = AlignedLoss(name=name)
+    loss.fn_name = getattr(fn, "__name__", name)
+    return loss
+
+
+def loss_name(loss) -> str:
+    """What the loss is called in messages: the wrapped function's name, or the Keras class's."""
+    return getattr(loss, "fn_name", None) or type(loss).__name__
 
 
 def probability_fn(loss) -> str | None:
@@ -203,18 +229,20 @@ def probability_fn(loss) -> str | None:
     return None
 
 
+_ACCURACY_BY_LOSS = {"sparsecategoricalcrossentropy": "SparseCategoricalAccuracy",
+                     "categoricalcrossentropy": "CategoricalAccuracy",
+                     "binarycrossentropy": "BinaryAccuracy", "binaryfocalcrossentropy": "BinaryAccuracy"}
+
+
 def _accuracy_for(loss):
-    """What ``"accuracy"`` means for this loss (as ``Model.compile`` decides it)."""
+    """What ``"accuracy"`` means for this loss (as ``Model.compile`` decides it): sparse, categorical or
+    binary accuracy (threshold 0 on logits); exact equality only for other losses."""
     import keras
 
-    kind, on_logits = type(loss).__name__, probability_fn(loss) is not None
-    if kind == "SparseCategoricalCrossentropy":
-        return keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-    if kind == "CategoricalCrossentropy":
-        return keras.metrics.CategoricalAccuracy(name="accuracy")
-    if kind == "BinaryCrossentropy":
-        return keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0 if on_logits else 0.5)
-    return keras.metrics.Accuracy(name="accuracy")
+    kind = _ACCURACY_BY_LOSS.get(loss_name(loss).replace("_", "").lower(), "Accuracy")
+    if kind == "BinaryAccuracy":
+        return keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0 if probability_fn(loss) else 0.5)
+    return getattr(keras.metrics, kind)(name="accuracy")
 
 
 def metric_objects(module: ModuleType, loss=None) -> list:
