@@ -2,8 +2,9 @@
 
 A local cluster (1 ps, 1 worker, 1 chief) whose nodes are capped at LIMIT_MB each (provider option
 ``node_memory_mb``: a memory cgroup per node, no swap) trains on TFRecord files in the store holding
-DATA_BYTES, more than 3 times the cap. The worker streams them through its bounded buffer (a few files on
-disk, none in memory) for more than one epoch; the run must succeed with the worker's cgroup never
+DATA_BYTES, more than 3 times the cap, each example 16 KiB once decoded. The worker streams them through its
+bounded buffer (a few files on disk, none in memory; a shuffle buffer sized in bytes) for more than one
+epoch; the run must succeed with the worker's cgroup never
 OOM-killing anything, and the worker must have read more than the whole data set.
 """
 
@@ -43,14 +44,16 @@ loss = keras.losses.BinaryCrossentropy(from_logits=True)
 def metrics():
     return [keras.metrics.AUC(name="auc", from_logits=True)]
 
-SPEC = {"x": tf.io.FixedLenFeature([4], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
+SPEC = {"x": tf.io.FixedLenFeature([4], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64),
+        "pad": tf.io.FixedLenFeature([], tf.string)}
 
-def decode(record):          # the 64 KiB "pad" of each record is read from the file and ignored
+def decode(record):          # 16 KiB of features per example: the first 4092 bytes of each record's 64 KiB pad
     row = tf.io.parse_single_example(record, SPEC)
-    return row["x"], tf.cast(row["y"], tf.float32)
+    pad = tf.cast(tf.io.decode_raw(row["pad"], tf.uint8)[:4092], tf.float32) / 255.0
+    return tf.concat([row["x"], pad], 0), tf.cast(row["y"], tf.float32)
 
 def build_model():
-    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(8, activation="relu"),
+    return keras.Sequential([keras.Input(shape=(4096,)), keras.layers.Dense(8, activation="relu"),
                              keras.layers.Dense(1)])
 '''
 
@@ -65,7 +68,8 @@ def home(tmp_path_factory):
 
 
 def write_files(directory, count: int, records: int, pad: int, seed: int) -> list:
-    """TFRecord files of examples x [4] (normal), y = (sum(x) > 0), and ``pad`` random-looking bytes."""
+    """TFRecord files of examples x [4] (normal), y = (sum(x) > 0), and ``pad`` random-looking bytes (the
+    same in every record: as features they are constant, as bytes they are read like any others)."""
     import tensorflow as tf
 
     rng = np.random.default_rng(seed)
@@ -108,7 +112,7 @@ def test_a_data_set_larger_than_a_workers_memory_streams_through_it(home, tmp_pa
     upload(home, train, "mem/train")
     for path in train:
         path.unlink()
-    upload(home, write_files(tmp_path, 1, 2000, 0, seed=2), "mem/test")
+    upload(home, write_files(tmp_path, 1, 500, PAD, seed=2), "mem/test")
 
     cfg = tmp_path / "mem.yml"
     cfg.write_text(textwrap.dedent(f"""\

@@ -27,7 +27,8 @@ from . import data, s3io
 from .settings import Settings
 
 PROBE_EXAMPLES = 8
-SHUFFLE_BUFFER = 10_000
+SHUFFLE_BYTES = 64 << 20          # a streaming worker's shuffle buffer holds about this much, at most
+SHUFFLE_EXAMPLES = (64, 10_000)   # and between these many examples
 PREFETCH_FILES = 3
 
 
@@ -90,6 +91,7 @@ class FileInput:
     def __init__(self, settings: Settings, client, module: ModuleType | None):
         self.settings, self.client, self.module = settings, client, module
         self.files = settings.data
+        self._probe = None
 
     def reader(self):
         from . import formats
@@ -99,18 +101,28 @@ class FileInput:
 
     def probe(self):
         """The first examples of the first test file (downloaded to a scratch directory, then removed)."""
-        for x, y in self.test_batches(PROBE_EXAMPLES, files=self.files.test[:1]):
-            return x, y
-        raise ValueError(f"s3://{self.files.bucket}/{self.files.test[0].key} holds no examples")
+        if self._probe is None:
+            self._probe = next(iter(self.test_batches(PROBE_EXAMPLES, files=self.files.test[:1])), None)
+        if self._probe is None:
+            raise ValueError(f"s3://{self.files.bucket}/{self.files.test[0].key} holds no examples")
+        return self._probe
+
+    def shuffle_examples(self) -> int:
+        """How many examples the shuffle buffer holds: about :data:`SHUFFLE_BYTES` of them (decoded), so that
+        large examples (images) do not fill a worker's memory."""
+        x, y = self.probe()
+        per_example = max(1, (x.nbytes + y.nbytes) // len(x))
+        low, high = SHUFFLE_EXAMPLES
+        return max(low, min(high, SHUFFLE_BYTES // per_example))
 
     def dataset_fn(self, batch_size: int):
-        read = self.reader()
+        read, shuffle = self.reader(), self.shuffle_examples()
 
         def dataset_fn():
             from . import stream
 
             return (read(stream.file_names())
-                    .shuffle(SHUFFLE_BUFFER)
+                    .shuffle(shuffle)
                     .batch(batch_size, drop_remainder=True)
                     .prefetch(2))
 
