@@ -273,12 +273,19 @@ def _options(value):
 
 
 def _s3_url(value):
+    from tfc_harness.sources import parse_url  # the one rule, the harness's (which lists the files)
+
     allowed = ("'' (none), or s3://bucket/key-glob (e.g. s3://my-bucket/data/train-*.tfrecord) or "
                "s3://bucket/prefix/ (every object under it)")
     if value in (None, ""):
         return ""
-    if not isinstance(value, str) or not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s]+", value):
+    if not isinstance(value, str):
         refuse(allowed)
+    try:
+        parse_url(value)
+    except ValueError as exc:   # "data URL '<value>': <problem>; expected <what is allowed>"
+        problem, _, expected = str(exc).split("': ", 1)[-1].partition("; expected ")
+        refuse(f"{expected or allowed} (this one: {problem})")
     return value
 
 

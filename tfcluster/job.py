@@ -39,6 +39,11 @@ def model_name(spec: RunSpec) -> str:
     return model_path(spec).stem
 
 
+def module_sha256(spec: RunSpec) -> str:
+    """The model module's content: a changed module starts a new run instead of resuming the old one."""
+    return hashlib.sha256(model_path(spec).read_bytes()).hexdigest()
+
+
 def job_args(spec: RunSpec) -> dict:
     """What :mod:`tfc_harness.prepare` needs to know about the run (no secrets)."""
     data = spec.data

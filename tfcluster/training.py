@@ -248,8 +248,9 @@ def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict
     """Resume the previous run when it can be (same model, batch size, hparams and data, as ``prepared``
     by :func:`tfcluster.job.prepare`), else start one; write the record. Returns the record and the nodes'
     settings."""
-    fingerprint = {"model": job.model_name(spec), "batch_size": spec.training.batch_size,
-                   "hparams": spec.training.hparams, "data": _data_identity(prepared["describe"])}
+    fingerprint = {"model": job.model_name(spec), "module_sha256": job.module_sha256(spec),
+                   "batch_size": spec.training.batch_size, "hparams": spec.training.hparams,
+                   "data": _data_identity(prepared["describe"])}
     resume = previous.get("state") in runrecord.RESUMABLE
     if resume and previous.get("fingerprint", fingerprint) != fingerprint:
         changed = sorted(k for k in fingerprint if previous["fingerprint"].get(k) != fingerprint[k])
@@ -269,12 +270,13 @@ def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict
 
 
 def _data_identity(describe: dict) -> str:
-    """One hash naming exactly the data a run uses (the arrays' sha256, or every file with its ETag)."""
+    """One hash naming exactly the data a run uses: the arrays' sha256, or every file with its ETag and how
+    they are read (format, label column, header)."""
     if describe["source"] == "arrays":
         return describe["sha256"]
     import hashlib
 
-    return hashlib.sha256(json.dumps([describe["train"], describe["test"]], sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(describe, sort_keys=True).encode()).hexdigest()
 
 
 def _size(n: int) -> str:

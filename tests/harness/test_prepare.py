@@ -140,3 +140,44 @@ def test_the_command_exits_2_with_one_error_line(store, tmp_path):
 
 def test_a_harness_error_is_what_the_controller_reports(store, tmp_path, creds):
     assert issubclass(prepare.DataError, HarnessError)
+
+
+def test_an_empty_csv_is_named_not_a_traceback(store, tmp_path, creds):
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=store, region_name="us-east-1", aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
+    s3.put_object(Bucket=BUCKET, Key="csv/empty/train-0.csv", Body=b"\n")
+    s3.put_object(Bucket=BUCKET, Key="csv/empty/test-0.csv", Body=b"a,b,target\n1,2,3\n")
+    with pytest.raises(prepare.DataError, match=r"^s3://prep/csv/empty/train-0.csv: "):
+        prepare.run(job(tmp_path, store, CSV_MODEL, "csv/empty/train-*", "csv/empty/test-*", "csv", workers=1))
+
+
+def test_module_arrays_are_stored_only_after_the_model_works_on_them(store, tmp_path, creds):
+    import boto3
+
+    module = textwrap.dedent("""
+        import numpy as np
+        import keras
+        def make_dataset():
+            x = np.zeros((6, 2), dtype=np.float32)
+            return {"train": (x, np.arange(6) % 5), "test": (x[:2], np.array([0, 4]))}
+        def build_model():      # 3 classes, but the labels go up to 4
+            return keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(3)])
+    """)
+    args = job(tmp_path, store, module, "", "", "csv")
+    args["data"] = None
+    with pytest.raises(ModelModuleError, match="the loss fails on labels of shape"):
+        prepare.run(args)
+    s3 = boto3.client("s3", endpoint_url=store, region_name="us-east-1", aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
+    assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET, Prefix="datasets/")   # nothing half-stored
+
+
+def test_tensorflow_noise_is_taken_out_of_messages():
+    noisy = ValueError("{{function_node __wrapped__IteratorGetNext}} Expect 3 fields but have 1 in record "
+                       "[Op:IteratorGetNext] name: ")
+    assert prepare._first_line(noisy) == "Expect 3 fields but have 1 in record"
+    traced = ValueError("in user code:\n\n  File \"job.py\", line 7, in decode\n\n"
+                        "AttributeError: 'SymbolicTensor' object has no attribute 'numpy'")
+    assert prepare._first_line(traced) == "AttributeError: 'SymbolicTensor' object has no attribute 'numpy'"

@@ -92,7 +92,7 @@ def _run(settings: Settings, strategy: Strategy, state: ChiefState, started: flo
             watchdogs.StallWatchdog(state, settings.stall_timeout_s or watchdogs.DEFAULT_STALL_TIMEOUT_S):
         train_seconds = loop.train(train_fn, state, batch_size=settings.batch_size,
                                    checkpoint_every=settings.checkpoint_every, save=saver.save)
-    metrics = evaluate(state, job, model, settings.batch_size)
+    metrics = evaluate(state, job, model)
     run_metrics = dict(metrics, **training_metrics(settings, restored, train_seconds, monitor),
                        data=job.input.describe())
     publish_model(client, settings, state, job, run_metrics, strategy.checkpoint_dir())
@@ -133,13 +133,14 @@ def build_distributed(strategy: Strategy, job: Job, learning_rate: float):
     return model, optimizer
 
 
-def evaluate(state: ChiefState, job: Job, model, batch_size: int) -> dict:
+def evaluate(state: ChiefState, job: Job, model) -> dict:
     """Copy the trained weights into the chief's local model; its loss and metrics on the test split."""
     state.report("evaluating")
     job.local_model.set_weights(model.get_weights())
     metrics = usermodel.metric_objects(job.module, job.loss)
+    # the verifier's batch size too: a metric that is not batch-invariant still compares equal
     result = evaluation.evaluate(evaluation.keras_predictor(job.local_model),
-                                 job.input.test_batches(max(batch_size, evaluation.EVAL_BATCH)), job.loss, metrics)
+                                 job.input.test_batches(evaluation.EVAL_BATCH), job.loss, metrics)
     n = result.pop("n")
     result["headline"] = evaluation.headline(metrics)
     log(" ".join(f"{k.removeprefix('test_')} {v:.4f}" for k, v in result.items() if k.startswith("test_"))

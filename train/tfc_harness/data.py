@@ -101,7 +101,12 @@ def ensure_dataset(s3_client, bucket: str, base_prefix: str, module: ModuleType 
     arrays, for the caller's own checks).  A problem in the user's module raises
     :class:`tfc_harness.errors.ModelModuleError` naming it.
     """
-    splits = splits_from_module(usermodel.load(module))
+    return store_splits(s3_client, bucket, base_prefix, splits_from_module(usermodel.load(module)))
+
+
+def store_splits(s3_client, bucket: str, base_prefix: str, splits: dict) -> dict:
+    """Upload checked splits under ``<base_prefix>-<hash12>/`` unless that content is there (see
+    :func:`ensure_dataset`, which returns the same)."""
     digest = content_hash(splits)
     prefix = f"{base_prefix.strip('/')}-{digest[:12]}"
     keys = [split_key(prefix, s) for s in SPLITS]

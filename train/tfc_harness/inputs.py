@@ -158,7 +158,9 @@ class FileInput:
             return [{"key": f.key, "etag": f.etag, "size": f.size} for f in files]
 
         return {"source": "files", "format": self.files.format, "bucket": self.files.bucket,
-                "train": listed(f for worker in self.files.train for f in worker), "test": listed(self.files.test)}
+                "label": self.files.label, "columns": self.files.columns,
+                "train": sorted(listed(f for worker in self.files.train for f in worker), key=lambda f: f["key"]),
+                "test": listed(self.files.test)}
 
 
 def verify_spec(client, bucket: str, dataset_prefix: str, files: dict | None, directory: Path) -> dict:
@@ -171,6 +173,10 @@ def verify_spec(client, bucket: str, dataset_prefix: str, files: dict | None, di
         return {"source": "arrays", "npz": str(path)}
     paths = []
     for i, f in enumerate(files["test"]):
+        now = s3io.etag(client, files["bucket"], f["key"])
+        if now != f["etag"]:
+            raise s3io.TransferError(f"s3://{files['bucket']}/{f['key']} changed since the run started (ETag "
+                                     f"{f['etag']}, now {now}): the test data the model was evaluated on is gone")
         path = directory / f"test-{i:05d}"
         s3io.download_file(client, files["bucket"], f["key"], path)
         paths.append(str(path))

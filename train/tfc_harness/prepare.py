@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from types import ModuleType
 
 from . import data, s3io, usermodel
 from .errors import HarnessError, ModelModuleError
-
-PROBE_EXAMPLES = 8
+from .inputs import PROBE_EXAMPLES
 
 
 class DataError(HarnessError):
@@ -57,27 +57,27 @@ def check(job: dict) -> dict:
 
 
 def run(job: dict) -> dict:
-    """Prepare the run's data; returns ``{"data": settings data | None, "dataset_prefix", "describe"}``."""
+    """Prepare the run's data; returns ``{"data": settings data | None, "dataset_prefix", "describe"}``.
+    Nothing is stored before the model, its loss and its metrics have worked on a few real examples."""
     check(job)
     module = usermodel.load(job["module"])
     client = s3io.make_client(job.get("endpoint"), job.get("region"))
     if job.get("data"):
         result, (x, y) = _files(client, job, module)
     else:
-        result, (x, y) = _arrays(client, job, module)
+        splits = data.splits_from_module(module)
+        x, y = (a[:PROBE_EXAMPLES] for a in splits["test"])
     loss = usermodel.loss_fn(module)
     model = usermodel.build_model(module, tuple(x.shape[1:]), job.get("hparams"))
     usermodel.check_batch(module, model, x, y, loss)
-    return result
+    return result if job.get("data") else _store_arrays(client, job, splits)
 
 
-def _arrays(client, job: dict, module: ModuleType):
-    info = data.ensure_dataset(client, job["bucket"], job["dataset_base"], module)
-    x, y = info.pop("splits")["test"]
+def _store_arrays(client, job: dict, splits: dict) -> dict:
+    info = data.store_splits(client, job["bucket"], job["dataset_base"], splits)
     describe = {"source": "arrays", "bucket": job["bucket"], "prefix": info["prefix"], "sha256": info["sha256"],
                 "rows": info["rows"]}
-    return ({"data": None, "dataset_prefix": info["prefix"], "uploaded": info["uploaded"], "describe": describe},
-            (x[:PROBE_EXAMPLES], y[:PROBE_EXAMPLES]))
+    return {"data": None, "dataset_prefix": info["prefix"], "uploaded": info["uploaded"], "describe": describe}
 
 
 def _listed(client, field: str, url: str) -> tuple[str, list[dict]]:
@@ -116,24 +116,34 @@ def _files(client, job: dict, module: ModuleType):
     x, y = _probe_files(client, bucket, settings_data, module, test[0])
     _probe_files(client, bucket, settings_data, module, train[0])
     describe = {"source": "files", "format": spec["format"], "bucket": bucket,
+                "label": settings_data["label"], "columns": columns,
                 "train": [{k: f[k] for k in ("key", "etag", "size")} for f in train],
                 "test": [{k: f[k] for k in ("key", "etag", "size")} for f in test]}
     return {"data": settings_data, "dataset_prefix": None, "describe": describe}, (x, y)
 
 
 def _csv_columns(client, bucket: str, spec: dict, train: list[dict], test: list[dict]) -> list[str]:
-    from . import formats, sources
+    from . import formats
 
-    columns = sources.csv_header(client, bucket, train[0]["key"])
+    columns = _header(client, bucket, train[0]["key"])
     problems = formats.csv_problems(columns, spec.get("label"))
     if problems:
         raise DataError(f"s3://{bucket}/{train[0]['key']}: " + "; ".join(problems))
     for f in (test[0], train[-1]):
-        other = sources.csv_header(client, bucket, f["key"])
+        other = _header(client, bucket, f["key"])
         if other != columns:
             raise DataError(f"s3://{bucket}/{f['key']}: its header {other} differs from {train[0]['key']}'s "
                             f"{columns}")
     return columns
+
+
+def _header(client, bucket: str, key: str) -> list[str]:
+    from . import sources
+
+    try:
+        return sources.csv_header(client, bucket, key)
+    except ValueError as exc:   # an empty file, a header too long to be one
+        raise DataError(f"s3://{bucket}/{key}: {exc}") from None
 
 
 def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, first: dict):
@@ -175,8 +185,13 @@ def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, f
 
 
 def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else ""
+    """TensorFlow's message without its noise: graph-function names, op names, the traced code's stack
+    (for an error inside ``decode``, its last line says what went wrong)."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if lines and lines[0].rstrip(":").endswith("in user code"):
+        lines = lines[-1:]
+    text = re.sub(r"\{\{function_node [^}]*\}\}|\s*\[Op:[^\]]*\](\s*name:\s*\S*)?", "", lines[0] if lines else "")
+    return text.strip()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,8 @@ Layout (written in this order; readers trust a run only once ``_SUCCESS`` exists
     metrics.json     test_loss and test_<metric> for each of the module's metrics, headline (the key of
                      the first metric, else test_loss), test_examples, steps, examples_per_sec,
                      train_seconds, workers, restored_from_step (required), peer_failures, peer_rejoins,
-                     data (what the run trained and was evaluated on: the arrays' prefix and sha256, or
-                     every file with its ETag)
+                     data (what the run trained and was evaluated on: the arrays' prefix, named by their
+                     sha256, or every file with its ETag, the format, label column and CSV header)
     _SUCCESS         empty marker, last
 
 The SavedModel's ``serving_default`` takes ``x`` and returns ``outputs`` (the model's outputs unchanged)

@@ -184,6 +184,15 @@ def exists(client, bucket: str, key: str, **retry) -> bool:
     return any(obj.get("Key") == key for obj in resp.get("Contents", []))
 
 
+def etag(client, bucket: str, key: str, **retry) -> str | None:
+    """The object's ETag without quotes, or None when there is no such object (asked with a listing, as
+    :func:`exists` is, for the same reason)."""
+    resp = with_retries(lambda: client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1),
+                        f"look up s3://{bucket}/{key}", **retry)
+    found = [obj for obj in resp.get("Contents", []) if obj.get("Key") == key]
+    return str(found[0].get("ETag", "")).strip('"') if found else None
+
+
 def list_keys(client, bucket: str, prefix: str) -> Iterator[str]:
     """Every key under ``prefix/`` (the prefix is treated as a folder)."""
     folder = prefix.strip("/") + "/"

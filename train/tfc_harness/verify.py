@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,9 @@ def evaluate_in_subprocess(model_dir: str | os.PathLike, module_path: str, test_
 def compare(recomputed: dict, published: dict) -> list[str]:
     """The ``test_*`` figures on which the verifier and the chief disagree (or that one of them lacks)."""
     problems = []
+    if "n" in recomputed and "test_examples" in published and recomputed["n"] != published["test_examples"]:
+        problems.append(f"test examples: recomputed on {recomputed['n']}, the chief evaluated "
+                        f"{published['test_examples']}")
     for key in sorted({k for k in (*recomputed, *published) if k.startswith("test_") and k != "test_examples"}):
         mine, theirs = recomputed.get(key), published.get(key)
         if mine is None or theirs is None:
@@ -103,8 +107,11 @@ def verify_run(s3_client, bucket: str, run_prefix: str, dest_dir: str | os.PathL
     for rel in sorted(listed):
         _download(s3_client, bucket, run_prefix, rel, dest)
     checked = manifest.check_files(doc, dest)
-    spec = inputs.verify_spec(s3_client, bucket, dataset_prefix, files, dest / "_verify")
-    recomputed = evaluate_in_subprocess(dest / manifest.MODEL_DIR, module_path, spec)
+    try:
+        spec = inputs.verify_spec(s3_client, bucket, dataset_prefix, files, dest / "_verify")
+        recomputed = evaluate_in_subprocess(dest / manifest.MODEL_DIR, module_path, spec)
+    finally:
+        shutil.rmtree(dest / "_verify", ignore_errors=True)   # the copy of the run keeps no test data
     published_metrics = json.loads((dest / publish.METRICS).read_text())
     problems = compare(recomputed, published_metrics)
     if problems:
