@@ -469,6 +469,7 @@ class RunSpec(Section):
     @model_validator(mode="after")
     def _cluster_shape(self) -> RunSpec:
         shape = strategies.shape_for(self.strategy)   # the harness states each strategy's shape once
+        self._default_absent_jobs(shape)
         for role in ROLES:
             low, high = shape.get(role, (0, 0))
             if not low <= self.count(role) <= (high if high is not None else self.count(role)):
@@ -483,6 +484,14 @@ class RunSpec(Section):
                     raise ConfigError(f"nodes.{role}.gpus", self.nodes[role].gpus,
                                       "0 on the local provider (its nodes have no GPUs)")
         return self
+
+    def _default_absent_jobs(self, shape: dict) -> None:
+        """A job the strategy lacks (multi_worker_mirrored: ps) has no nodes unless a count was set (then
+        the shape check names the field)."""
+        updates = {role: self.nodes[role].model_copy(update={"count": 0}) for role in ROLES
+                   if role not in shape and "count" not in self.nodes[role].model_fields_set}
+        if updates:
+            object.__setattr__(self, "nodes", self.nodes.model_copy(update=updates))
 
     @property
     def uses_cloud_nodes(self) -> bool:

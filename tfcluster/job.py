@@ -19,8 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tfc_harness import strategies
+
 from . import store
-from .config import RunSpec
+from .config import ROLES, RunSpec
 from .errors import JobError, TfclusterError
 from .paths import TRAIN_DIR, cache_root
 
@@ -52,7 +54,9 @@ def job_args(spec: RunSpec) -> dict:
         "hparams": spec.training.hparams,
         "data": {"train": data.train, "test": data.test, "format": data.format, "label": data.label}
         if data.train else None,
-        "workers": spec.count("worker"),
+        # each training task (strategies.training_tasks: ps workers; chief + workers under all-reduce) gets
+        # its own share of the files
+        "workers": strategies.training_task_count(spec.strategy, {r: spec.count(r) for r in ROLES}),
         "bucket": spec.storage.bucket,
         "endpoint": store.endpoint_for(spec),
         "region": spec.storage.region,

@@ -140,4 +140,10 @@ def example_settings(**overrides) -> dict:
         "max_runtime_s": 1800,
     }
     settings.update(overrides)
+    if "tf_config" not in overrides:   # only the jobs the strategy has (multi_worker_mirrored: no ps)
+        from tfc_harness import strategies
+
+        shape = strategies.shape_for(settings.get("strategy", strategies.DEFAULT_STRATEGY))
+        cluster = settings["tf_config"]["cluster"]
+        settings["tf_config"]["cluster"] = {job: addrs for job, addrs in cluster.items() if job in shape}
     return settings

@@ -35,7 +35,7 @@ def test_train_runs_every_step_checkpoints_at_boundaries_and_reports(tmp_path):
 
     state = ChiefState(tmp_path, total=250)
     state.step = 20          # resumed
-    seconds = loop.train(train_fn, state, batch_size=4, checkpoint_every=100, save=saved.append)
+    seconds = loop.train(train_fn, state, examples_per_step=4, checkpoint_every=100, save=saved.append)
     assert sum(calls) == 230 and calls[0] == loop.FIRST_CHUNK
     assert saved == [100, 200, 250]
     done = 20

@@ -57,7 +57,7 @@ def test_settings_are_frozen():
     (lambda d: d["s3"].update(secret="x"), "settings['s3.secret'] is not a known key (got 'x')"),
     (lambda d: d.update(role="master"), "settings['role'] must be one of 'ps', 'worker' or 'chief' (got 'master')"),
     (lambda d: d.update(strategy="mirrored"),
-     "settings['strategy'] must be one of 'parameter_server' (got 'mirrored')"),
+     "settings['strategy'] must be one of 'parameter_server' or 'multi_worker_mirrored' (got 'mirrored')"),
     (lambda d: d.update(steps=0), "settings['steps'] must be >= 1 (got 0)"),
     (lambda d: d.update(steps=True), "settings['steps'] must be an integer (got True)"),
     (lambda d: d.update(batch_size="64"), "settings['batch_size'] must be an integer (got '64')"),
@@ -116,3 +116,24 @@ def test_every_field_is_described():
     missing = [name for name, field in Settings.model_fields.items() if not field.description]
     assert missing == []
     assert Settings.model_json_schema()["additionalProperties"] is False
+
+
+def _files_data(shares: int) -> dict:
+    return {"source": "files", "format": "tfrecord", "bucket": "b",
+            "train": [[{"key": f"train-{i}", "size": 1, "etag": "e"}] for i in range(shares)],
+            "test": [{"key": "test-0", "size": 1, "etag": "e"}]}
+
+
+def test_multi_worker_mirrored_has_no_ps_and_every_task_trains_on_its_share():
+    raw = example_settings(strategy="multi_worker_mirrored", data=_files_data(3))
+    s = validate(raw)
+    assert s.training_tasks == [("chief", 0), ("worker", 0), ("worker", 1)] and s.training_index == 0
+    with pytest.raises(SettingsError, match=r"ps: 1 task\(s\); multi_worker_mirrored has no ps job"):
+        validate(dict(raw, tf_config=example_settings()["tf_config"]))
+
+
+@pytest.mark.parametrize("strategy, shares", [("parameter_server", 3), ("multi_worker_mirrored", 2)])
+def test_data_train_has_one_list_per_training_task(strategy, shares):
+    tasks, jobs = (2, "worker") if strategy == "parameter_server" else (3, r"chief\+worker")
+    with pytest.raises(SettingsError, match=rf"each of the {tasks} training tasks \({jobs}\) at least one file"):
+        validate(example_settings(strategy=strategy, data=_files_data(shares)))

@@ -19,7 +19,8 @@ def test_every_registered_strategy_resolves_to_its_class():
 
 
 def test_unknown_strategy_names_the_allowed_ones():
-    with pytest.raises(ValueError, match=r"unknown strategy 'mirrored'; allowed: \['parameter_server'\]"):
+    allowed = r"\['parameter_server', 'multi_worker_mirrored'\]"
+    with pytest.raises(ValueError, match=rf"unknown strategy 'mirrored'; allowed: {allowed}"):
         strategies.get("mirrored")
 
 
@@ -48,9 +49,48 @@ def test_parameter_server_roles():
         raw["tf_config"]["task"] = {"type": role, "index": 0}
         node = cls(validate(raw))
         assert node.runs_loop() is loops
-        assert node.writes_published_checkpoints() is (role == "chief")
+        assert node.writes_published_checkpoints() is node.publishes() is (role == "chief")
+        assert node.steps_per_call() is None and node.prefers_local_checkpoints() is True
     chief = cls(validate(example_settings(state_dir="/srv/state")))
     assert str(chief.checkpoint_dir()) == "/srv/state/checkpoints/20261122-0415-ab12"
+
+
+@pytest.mark.parametrize("counts, problems", [
+    ({"worker": 2, "chief": 1}, []),
+    ({"ps": 0, "worker": 1, "chief": 1}, []),
+    ({"ps": 1, "worker": 2, "chief": 1}, ["ps: 1 task(s); multi_worker_mirrored has no ps job"]),
+    ({"worker": 2}, ["chief: 0 task(s); multi_worker_mirrored needs exactly 1"]),
+    ({"worker": 0, "chief": 1}, ["worker: 0 task(s); multi_worker_mirrored needs >= 1"]),
+])
+def test_shape_problems_of_multi_worker_mirrored(counts, problems):
+    assert strategies.shape_problems("multi_worker_mirrored", counts) == problems
+
+
+@pytest.mark.parametrize("strategy, tasks", [
+    ("parameter_server", [("worker", 0), ("worker", 1)]),
+    ("multi_worker_mirrored", [("chief", 0), ("worker", 0), ("worker", 1)]),
+])
+def test_training_tasks_are_the_jobs_that_read_data_in_a_fixed_order(strategy, tasks):
+    counts = {"ps": 1, "worker": 2, "chief": 1}
+    assert strategies.training_tasks(strategy, counts) == tasks
+    assert strategies.training_task_count(strategy, counts) == len(tasks)
+
+
+def test_multi_worker_mirrored_roles():
+    cls = strategies.get("multi_worker_mirrored")
+    for role, index, share in (("chief", 0, 0), ("worker", 0, 1), ("worker", 1, 2)):
+        raw = example_settings(strategy="multi_worker_mirrored", role=role, index=index, state_dir="/srv/state")
+        raw["tf_config"]["task"] = {"type": role, "index": index}
+        settings = validate(raw)
+        node = cls(settings)
+        assert "ps" not in settings.cluster_spec
+        assert node.runs_loop() is True and node.steps_per_call() == 20
+        assert node.publishes() is node.writes_published_checkpoints() is (role == "chief")
+        assert node.prefers_local_checkpoints() is False
+        assert settings.training_index == share and settings.num_training_tasks == 3
+        assert node.examples_per_step() == 3 * 64
+        scratch = "20261122-0415-ab12" if role == "chief" else "scratch-20261122-0415-ab12"
+        assert str(node.checkpoint_dir()) == f"/srv/state/checkpoints/{scratch}"
 
 
 def test_shape_table_needs_neither_tensorflow_nor_pydantic():

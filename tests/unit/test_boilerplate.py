@@ -25,10 +25,11 @@ def nodes(ps: int, workers: int, chiefs: int) -> list[Node]:
     return out
 
 
-def play(tmp_path: Path, shape: tuple[int, int, int]) -> subprocess.CompletedProcess:
+def play(tmp_path: Path, shape: tuple[int, int, int],
+         strategy: str = "parameter_server") -> subprocess.CompletedProcess:
     state = ClusterState("c", root=tmp_path)
     state.dir.mkdir()
-    inventory.write(state, nodes(*shape), 2222, "parameter_server")
+    inventory.write(state, nodes(*shape), 2222, strategy)
     inv = yaml.safe_load(state.inventory.read_text())
     inv["all"]["vars"]["ansible_connection"] = "local"   # the checks run on the controller only
     state.inventory.write_text(yaml.safe_dump(inv))
@@ -43,6 +44,15 @@ def play(tmp_path: Path, shape: tuple[int, int, int]) -> subprocess.CompletedPro
 def test_a_cluster_of_the_strategys_shape_passes(tmp_path):
     res = play(tmp_path, (1, 2, 1))
     assert res.returncode == 0, res.stdout[-3000:]
+
+
+def test_a_cluster_without_ps_passes_under_multi_worker_mirrored(tmp_path):
+    res = play(tmp_path, (0, 2, 1), "multi_worker_mirrored")
+    assert res.returncode == 0, res.stdout[-3000:]
+    inv = yaml.safe_load(ClusterState("c", root=tmp_path).inventory.read_text())
+    assert inv["all"]["children"]["ps"] == {"hosts": {}}
+    assert set(inv["all"]["vars"]["tf_cluster_spec"]) == {"worker", "chief"}
+    assert inv["all"]["vars"]["tf_strategy_shape"] == {"worker": [1, None], "chief": [1, 1]}
 
 
 @pytest.mark.parametrize(("shape", "said"), [

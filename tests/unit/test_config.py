@@ -54,6 +54,8 @@ BAD = [
     ("negative workers", None, {"nodes.worker.count": "-1"}, "nodes.worker.count", "integer"),
     ("no ps with parameter_server", None, {"nodes.ps.count": "0"}, "nodes.ps.count", "parameter_server"),
     ("two chiefs", None, {"nodes.chief.count": "2"}, "nodes.chief.count", "from 0 to 1"),
+    ("ps with multi_worker_mirrored", None, {"strategy": "multi_worker_mirrored", "nodes.ps.count": "1"},
+     "nodes.ps.count", "exactly 0 with strategy multi_worker_mirrored"),
     ("unknown provider", None, {"provider": "azure"}, "provider", "local, aws, gcp, openstack, im"),
     ("bucket with capitals", None, {"storage.bucket": "My_Bucket"}, "storage.bucket", "S3 bucket name"),
     ("bucket like an IP", None, {"storage.bucket": "192.168.1.1"}, "storage.bucket", "not an IP"),
@@ -104,6 +106,7 @@ def test_bad_value_names_field_value_and_allowed(tmp_path, desc, text, overrides
 CLI_BAD = [
     (["--workers", "-1"], "nodes.worker.count", "-1"),
     (["--ps", "0"], "nodes.ps.count", "0"),
+    (["--set", "strategy=multi_worker_mirrored", "--ps", "2"], "nodes.ps.count", "2"),
     (["--provider", "azure"], "provider", "azure"),
     (["--steps", "ten"], "training.steps", "ten"),
     (["--set", "storage.bucket=UPPER"], "storage.bucket", "UPPER"),
@@ -136,6 +139,14 @@ def test_validate_prints_resolved_config(home):
     assert res.returncode == 0, res.stderr
     assert '"count": 3' in res.stdout
     assert "configuration is valid" in res.stderr
+
+
+def test_multi_worker_mirrored_has_no_ps_unless_set():
+    spec = config.resolve({}, {"strategy": "multi_worker_mirrored"})
+    assert (spec.count("ps"), spec.count("worker"), spec.count("chief")) == (0, 2, 1)
+    assert config.resolve(spec.to_dict()).count("ps") == 0          # a saved spec reads back the same
+    assert config.resolve({}, {"strategy": "multi_worker_mirrored", "nodes.ps.count": "0"}).count("ps") == 0
+    assert config.resolve({}, {}).count("ps") == 1                   # parameter_server keeps its default
 
 
 def _cluster_traces(cluster: str) -> list[str]:

@@ -1,11 +1,16 @@
-"""The node that runs the training loop (the chief): it sequences small pieces, each with one job.
+"""The nodes that run the training loop: it sequences small pieces, each with one job.
+
+Under ``parameter_server`` only the chief runs the loop; under ``multi_worker_mirrored`` every task does,
+and only the chief concludes (steps 5 and 6).
 
 1. refuse an already published run; load the user's model module, its loss and metrics, and a few test
    examples (:mod:`tfc_harness.inputs`, which also give the example shape); build a local copy of the model
    and check its outputs against the labels, the loss and the metrics (:mod:`tfc_harness.usermodel`);
-2. wait until every peer accepts connections (:mod:`tfc_harness.peers`);
-3. connect the strategy (:mod:`tfc_harness.strategies`), build model and optimizer in its scope and
-   restore the newest checkpoint (:mod:`tfc_harness.saver`);
+2. prepare this task's own share of the training data where it reads one, then wait until every peer
+   accepts connections (the strategy's start barrier, :mod:`tfc_harness.peers`);
+3. connect the strategy (:mod:`tfc_harness.strategies`; a strategy that must connect before TensorFlow
+   runs anything, ``multi_worker_mirrored``, has the checks of step 1 done only now), build model and
+   optimizer in its scope and restore the newest checkpoint (:mod:`tfc_harness.saver`);
 4. train (:mod:`tfc_harness.loop`) under a peer monitor and a stall watchdog (:mod:`tfc_harness.watchdogs`);
 5. copy the weights into the local model and evaluate the loss and metrics on the test split
    (:mod:`tfc_harness.evaluate`);
@@ -27,7 +32,7 @@ from types import ModuleType
 from . import evaluate as evaluation
 from . import inputs, loop, publish, s3io, unpublished, usermodel, watchdogs
 from .errors import HarnessError
-from .peers import PeerMonitor, wait_for_peers
+from .peers import PeerMonitor
 from .saver import Saver
 from .settings import Settings
 from .status import ChiefState
@@ -45,21 +50,23 @@ def log(msg: str) -> None:
 
 @dataclasses.dataclass
 class Job:
-    """What the chief trains and evaluates: the user's module and loss, the run's input, the example shape,
-    and (once the strategy is connected) a copy of the model whose variables live on the chief, for
-    evaluation and export."""
+    """What the chief trains and evaluates: the user's module and loss, the run's input, the example shape
+    (once checked), and (once the strategy is connected) a copy of the model whose variables live on the
+    chief, for evaluation and export."""
 
     module: ModuleType
     loss: object
     input: object
-    example_shape: tuple[int, ...]
     hparams: dict
+    example_shape: tuple[int, ...] | None = None
     local_model: object = None
+    feed: object = None   # this task's data stream, when it reads its own share (kept alive while training)
 
 
 def run(settings: Settings, strategy: Strategy) -> int:
-    """Train, evaluate, publish.  Returns 0 only after ``_SUCCESS`` was written, 1 on failure."""
-    state = ChiefState(settings.state_dir, settings.steps)
+    """Train; the chief then evaluates and publishes.  Returns 0 only after training (and, on the chief,
+    ``_SUCCESS``) was written, 1 on failure."""
+    state = ChiefState(settings.state_dir, settings.steps, role=settings.role)
     watchdog = watchdogs.start_runtime_watchdog(state, settings.max_runtime_s, settings.steps)
     started = time.monotonic()
     try:
@@ -73,31 +80,60 @@ def run(settings: Settings, strategy: Strategy) -> int:
         watchdog.cancel()
 
 
+@dataclasses.dataclass
+class Trained:
+    """What training leaves for the conclusion: the distributed model, where it started and how long it took."""
+
+    model: object
+    restored: int
+    train_seconds: float
+    monitor: PeerMonitor
+
+
 def _run(settings: Settings, strategy: Strategy, state: ChiefState, started: float) -> int:
     state.report("starting")
     client = s3io.client_from_settings(settings)
     refuse_published(client, settings)
-    job = load_job(client, settings)
+    job = load_job(client, settings, strategy)
+    trained = train(settings, strategy, state, client, job, started)
+    if not strategy.publishes():
+        state.report("done")
+        log(f"{settings.role} {settings.index}: done")
+        return 0
+    conclude(settings, strategy, state, client, job, trained)
+    log("chief: done")
+    return 0
+
+
+def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job: Job, started: float) -> Trained:
+    """The part every loop-running task shares: its data, the start barrier, connect, restore, train."""
+    job.feed = strategy.prepare_input(job.input)
     # Leave the runtime watchdog a little time so that an absent peer ends in an error naming it.
     remaining = max(1.0, settings.max_runtime_s - (time.monotonic() - started) - 2)
-    wait_for_peers(settings.peers(), min(remaining, settings.start_timeout_s or remaining))
+    strategy.wait_for_peers(min(remaining, settings.start_timeout_s or remaining))
+    strategy.connect()
+    if job.example_shape is None:
+        check_job(job)
     model, optimizer = build_distributed(strategy, job, settings.learning_rate)
     saver = Saver(strategy, client, model, optimizer)
     restored = state.step = saver.restore()
     train_fn = strategy.make_train_fn(make_replica_step(model, optimizer, job.loss),
                                       strategy.make_dataset(job.input.dataset_fn(settings.batch_size)))
-    log(f"training {settings.steps - restored} steps on {settings.num_workers} workers "
+    log(f"training {settings.steps - restored} steps on {settings.num_training_tasks} training tasks "
         f"(batch {settings.batch_size}, learning rate {settings.learning_rate})")
     with PeerMonitor(settings.peers()) as monitor, \
             watchdogs.StallWatchdog(state, settings.stall_timeout_s or watchdogs.DEFAULT_STALL_TIMEOUT_S):
-        train_seconds = loop.train(train_fn, state, batch_size=settings.batch_size,
-                                   checkpoint_every=settings.checkpoint_every, save=saver.save)
-    metrics = evaluate(state, job, model)
-    run_metrics = dict(metrics, **training_metrics(settings, restored, train_seconds, monitor),
-                       data=job.input.describe())
+        train_seconds = loop.train(train_fn, state, examples_per_step=strategy.examples_per_step(),
+                                   checkpoint_every=settings.checkpoint_every, save=saver.save,
+                                   steps_per_call=strategy.steps_per_call())
+    return Trained(model, restored, train_seconds, monitor)
+
+
+def conclude(settings: Settings, strategy: Strategy, state: ChiefState, client, job: Job, trained: Trained) -> None:
+    """The chief's part after training: evaluate, then export and publish with the run's metrics."""
+    metrics = evaluate(state, job, trained.model)
+    run_metrics = dict(metrics, **training_metrics(settings, strategy, trained), data=job.input.describe())
     publish_model(client, settings, state, job, run_metrics, strategy.checkpoint_dir())
-    log("chief: done")
-    return 0
 
 
 def refuse_published(client, settings: Settings) -> None:
@@ -108,23 +144,28 @@ def refuse_published(client, settings: Settings) -> None:
                            "already published; use a new run_id")
 
 
-def load_job(client, settings: Settings) -> Job:
-    """The user's module, its loss, the run's input, and a local model checked on a few test examples
-    (before any peer is asked)."""
+def load_job(client, settings: Settings, strategy: Strategy) -> Job:
+    """The user's module, its loss and the run's input; checked on a few test examples before any peer is
+    asked, unless the strategy must connect before TensorFlow runs anything (then after connecting)."""
     module = usermodel.load(settings.model_module)
-    loss = usermodel.loss_fn(module)
-    source = inputs.for_settings(settings, client, module)
-    x, y = source.probe()
-    example_shape = tuple(int(d) for d in x.shape[1:])
+    job = Job(module, usermodel.loss_fn(module), inputs.for_settings(settings, client, module),
+              dict(settings.hparams))
+    if not strategy.connects_before_tensorflow:
+        check_job(job)
+    return job
+
+
+def check_job(job: Job) -> None:
+    """The example shape, and a local model checked against labels, loss and metrics on a few test examples."""
+    x, y = job.input.probe()
+    job.example_shape = tuple(int(d) for d in x.shape[1:])
     # A throwaway copy: variables made before the strategy connects cannot be used after it did.
-    probe = usermodel.build_model(module, example_shape, settings.hparams)
-    usermodel.check_batch(module, probe, x, y, loss)
-    return Job(module, loss, source, example_shape, dict(settings.hparams))
+    probe = usermodel.build_model(job.module, job.example_shape, job.hparams)
+    usermodel.check_batch(job.module, probe, x, y, job.loss)
 
 
 def build_distributed(strategy: Strategy, job: Job, learning_rate: float):
-    """Connect the strategy; model and optimizer in its scope, the local copy (``job.local_model``) outside."""
-    strategy.connect()
+    """Model and optimizer in the (connected) strategy's scope, the local copy (``job.local_model``) outside."""
     with strategy.scope():
         model = usermodel.build_model(job.module, job.example_shape, job.hparams)
         optimizer = usermodel.make_optimizer(job.module, learning_rate)
@@ -148,18 +189,18 @@ def evaluate(state: ChiefState, job: Job, model) -> dict:
     return dict(result, test_examples=n)
 
 
-def training_metrics(settings: Settings, restored: int, train_seconds: float, monitor: PeerMonitor) -> dict:
-    """The published metrics about training itself (this chief's part of it, from ``restored`` on)."""
-    done = settings.steps - restored
+def training_metrics(settings: Settings, strategy: Strategy, trained: Trained) -> dict:
+    """The published metrics about training itself (this run's part of it, from ``trained.restored`` on)."""
+    done = settings.steps - trained.restored
+    seconds = trained.train_seconds
     return {
         "steps": settings.steps,
-        "examples_per_sec": round(done * settings.batch_size / train_seconds, 1)
-        if train_seconds > 0 and done else 0.0,
-        "train_seconds": round(train_seconds, 3),
-        "workers": settings.num_workers,
-        "restored_from_step": restored,
-        "peer_failures": monitor.failures,
-        "peer_rejoins": monitor.rejoins,
+        "examples_per_sec": round(done * strategy.examples_per_step() / seconds, 1) if seconds > 0 and done else 0.0,
+        "train_seconds": round(seconds, 3),
+        "workers": settings.num_training_tasks,
+        "restored_from_step": trained.restored,
+        "peer_failures": trained.monitor.failures,
+        "peer_rejoins": trained.monitor.rejoins,
     }
 
 

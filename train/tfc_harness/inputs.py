@@ -1,18 +1,22 @@
 """Where a run's examples come from: one small class per kind of data, the same interface for each.
 
 * :class:`ArrayInput`: the arrays the model module's ``make_dataset()`` built, stored by the controller
-  as ``train.npz``/``test.npz`` (:mod:`tfc_harness.data`).  A worker writes its rows to a local TFRecord
-  shard before it serves (:mod:`tfc_harness.records`); the test split is small and read into memory.
-* :class:`FileInput`: TFRecord or CSV files in object storage, listed and assigned to workers by the
-  controller when the run starts (settings ``data``).  A worker streams its files through a bounded local
-  buffer (:class:`tfc_harness.stream.Prefetcher`), epoch after epoch; the chief evaluates the test files
-  one at a time.
+  as ``train.npz``/``test.npz`` (:mod:`tfc_harness.data`).  A training task writes its rows to a local
+  TFRecord shard before it connects (:mod:`tfc_harness.records`); the test split is small and read into
+  memory.
+* :class:`FileInput`: TFRecord or CSV files in object storage, listed and assigned to the training tasks by
+  the controller when the run starts (settings ``data``).  A training task streams its files through a
+  bounded local buffer (:class:`tfc_harness.stream.Prefetcher`), epoch after epoch; the chief evaluates the
+  test files one at a time.
 
-Every input gives the chief: :meth:`probe` (a few test examples, to check the model against the labels
-before any peer is asked), :meth:`dataset_fn` (the per-worker training pipeline: graph ops only, as it is
-traced on the chief and runs on each worker), :meth:`test_batches` and :meth:`describe` (what exactly the
-run trained and was evaluated on).  A worker calls :meth:`prepare_worker`.  :func:`verify_spec` fetches a
-run's test split for the verifier.
+The training tasks are the tasks that read training data, numbered in the order
+:func:`tfc_harness.strategies.training_tasks` gives (``parameter_server``: the workers;
+``multi_worker_mirrored``: the chief, then the workers); task ``i`` reads share ``i``.  Every input gives
+the chief: :meth:`probe` (a few test examples, to check the model against the labels before any peer is
+asked), :meth:`dataset_fn` (the per-task training pipeline: graph ops only, as it may be traced on the
+chief and run on each worker), :meth:`test_batches` and :meth:`describe` (what exactly the run trained and
+was evaluated on).  A training task calls :meth:`prepare_worker`.  :func:`verify_spec` fetches a run's test
+split for the verifier.
 """
 
 from __future__ import annotations
@@ -69,14 +73,14 @@ class ArrayInput:
         return array_batches(*self._test_split(), batch_size)
 
     def prepare_worker(self):
-        """Download the training split and write this worker's rows to its local TFRecord shard."""
+        """Download the training split and write this training task's rows to its local TFRecord shard."""
         from . import records
 
         s = self.settings
         x, y = data.load_split(self.client, s.s3.bucket, s.s3.dataset_prefix, "train")
-        x, y = data.shard_rows(x, y, s.index, s.num_workers)
+        x, y = data.shard_rows(x, y, s.training_index, s.num_training_tasks)
         path = records.write_tfrecord(Path(s.state_dir) / records.SHARD_PATH, x, y)
-        print(f"worker {s.index}: wrote {len(x)} of the training rows to {path}", flush=True)
+        print(f"{s.role} {s.index}: wrote {len(x)} of the training rows to {path}", flush=True)
         return None
 
     def describe(self) -> dict:
@@ -86,7 +90,7 @@ class ArrayInput:
 
 
 class FileInput:
-    """TFRecord or CSV files in object storage, streamed by each worker."""
+    """TFRecord or CSV files in object storage, streamed by each training task."""
 
     def __init__(self, settings: Settings, client, module: ModuleType | None):
         self.settings, self.client, self.module = settings, client, module
@@ -140,16 +144,16 @@ class FileInput:
             shutil.rmtree(directory, ignore_errors=True)
 
     def prepare_worker(self):
-        """Start streaming this worker's files; returns the prefetcher (its ``stats()`` go to status)."""
+        """Start streaming this training task's files; returns the prefetcher (its ``stats()`` go to status)."""
         from . import stream
 
         s = self.settings
-        mine = [f.model_dump() for f in self.files.train[s.index]]
+        mine = [f.model_dump() for f in self.files.train[s.training_index]]
         prefetcher = stream.Prefetcher(self.client, self.files.bucket, mine, Path(s.state_dir) / stream.STREAM_DIR,
-                                       ahead=PREFETCH_FILES, seed=s.index)
+                                       ahead=PREFETCH_FILES, seed=s.training_index)
         prefetcher.start()
         size = sum(f["size"] for f in mine)
-        print(f"worker {s.index}: streaming {len(mine)} files ({size / 1e6:.1f} MB) from "
+        print(f"{s.role} {s.index}: streaming {len(mine)} files ({size / 1e6:.1f} MB) from "
               f"s3://{self.files.bucket}/", flush=True)
         return prefetcher
 

@@ -3,7 +3,8 @@
 How steps run is the strategy's ``train(n)`` (:meth:`tfc_harness.strategies.Strategy.make_train_fn`); what
 a step computes is :mod:`tfc_harness.steps`; saving is :class:`tfc_harness.saver.Saver`.  Chunks adapt so
 that each ``train(n)`` call takes about :data:`CHUNK_TARGET_S` (dispatch has a fixed cost per call), never
-crossing a checkpoint boundary.
+crossing a checkpoint boundary; a strategy whose tasks all run this loop in lockstep fixes the chunk size
+instead (:meth:`tfc_harness.strategies.Strategy.steps_per_call`).
 """
 
 from __future__ import annotations
@@ -40,20 +41,23 @@ def _report(state: ChiefState, progress: Progress, step: int, losses: list[float
         state.report()
 
 
-def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, batch_size: int, checkpoint_every: int,
-          save: Callable[[int], None]) -> float:
-    """Run ``train_fn`` from ``state.step`` to ``state.total``; returns the seconds spent training."""
+def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples_per_step: int,
+          checkpoint_every: int, save: Callable[[int], None], steps_per_call: int | None = None) -> float:
+    """Run ``train_fn`` from ``state.step`` to ``state.total``; returns the seconds spent training.
+
+    ``steps_per_call`` fixes the chunk size (a synchronous strategy's tasks must all call ``train_fn`` with
+    the same sequence of step counts); None adapts it to how long calls take."""
     step, total = state.step, state.total
-    progress = Progress(total, batch_size, start_step=step)
+    progress = Progress(total, examples_per_step, start_step=step)
     state.report("training")
-    chunk = FIRST_CHUNK
+    chunk = steps_per_call or FIRST_CHUNK
     while step < total:
         boundary = next_boundary(step, checkpoint_every, total)
         n = max(1, min(chunk, boundary - step))
         started = time.monotonic()
         losses = train_fn(n)
         step += n
-        chunk = next_chunk(n, time.monotonic() - started)
+        chunk = steps_per_call or next_chunk(n, time.monotonic() - started)
         _report(state, progress, step, losses)
         if step == boundary:
             save(step)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 
@@ -49,6 +50,19 @@ def wait_for_peers(peers: list[tuple[str, str]], timeout_s: float, poll_s: float
             log("waiting for " + _names(waiting))
             next_note = now + 10
         time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def holding_port(address: str):
+    """Listen on ``address``'s port (all interfaces) without accepting, so that peers waiting for this
+    task see it started before its TensorFlow server exists; the port is free again on exit."""
+    _, port = host_port(address)
+    family = socket.AF_INET6 if ":" in host_port(address)[0] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("", port))
+        sock.listen(64)
+        yield
 
 
 class PeerMonitor(Periodic):

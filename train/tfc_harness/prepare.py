@@ -9,7 +9,7 @@ Nothing is read from storage.  ``validate`` and ``up`` run it.
 
 * module arrays: calls ``make_dataset()``, stores the arrays under their content hash
   (:func:`tfc_harness.data.ensure_dataset`);
-* files in storage: lists ``data.train``/``data.test``, assigns the training files to the workers
+* files in storage: lists ``data.train``/``data.test``, assigns the training files to the training tasks
   (disjoint, balanced by size), reads a CSV header;
 
 then reads a few test and training examples, builds the model and runs it, its loss and its metrics on
@@ -17,8 +17,9 @@ them (:func:`tfc_harness.usermodel.check_batch`).  ``train`` runs it when a run 
 
 The JSON argument: ``{"module": path, "hparams": {}, "data": {"train", "test", "format", "label"} | null,
 "workers": n, "bucket", "endpoint", "region", "dataset_base": "datasets/<model>"}`` (S3 credentials from
-the environment).  The result is one JSON line on stdout.  A problem in the user's module or data is one
-line ``ERROR: ...`` on stderr and exit status 2; a storage failure exit status 1.
+the environment); ``workers`` is the number of training tasks (:func:`tfc_harness.strategies.training_tasks`),
+each of which gets its own files.  The result is one JSON line on stdout.  A problem in the user's module or
+data is one line ``ERROR: ...`` on stderr and exit status 2; a storage failure exit status 1.
 """
 
 from __future__ import annotations

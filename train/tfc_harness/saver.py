@@ -8,6 +8,8 @@ so that the node is not destroyed with the only copy.
 
 from __future__ import annotations
 
+import shutil
+
 from . import checkpoints, unpublished
 from .errors import HarnessError
 
@@ -43,7 +45,7 @@ class Saver:
         latest_local = self.manager.latest_checkpoint
         local_step = int(latest_local.rsplit("-", 1)[1]) if latest_local else 0
         s3_steps = checkpoints.saved_steps(self.client, s3.bucket, s3.checkpoint_prefix)
-        if local_step and local_step > (s3_steps[-1] if s3_steps else 0):
+        if local_step and self.strategy.prefers_local_checkpoints() and local_step > (s3_steps[-1] if s3_steps else 0):
             step = self._restore_from(latest_local, " (local, newer than S3)")
         else:
             latest = checkpoints.download_latest(self.client, s3.bucket, s3.checkpoint_prefix, self.directory)
@@ -53,11 +55,15 @@ class Saver:
         return step
 
     def save(self, step: int) -> None:
-        """Write checkpoint ``step`` locally, then upload it (the run's owner only)."""
+        """Write checkpoint ``step`` locally, then upload it (the run's owner); another task's copy is a
+        scratch one (TensorFlow needs every task of a synchronous strategy to save), deleted at once."""
         self.step_var.assign(step)
+        self.directory.mkdir(parents=True, exist_ok=True)
         self.manager.save(checkpoint_number=step, options=self.options)
         if self.strategy.writes_published_checkpoints():
             self._upload(step)
+        else:
+            shutil.rmtree(self.directory, ignore_errors=True)
         log(f"checkpoint saved at step {step}")
 
     def _upload(self, step: int) -> None:

@@ -108,7 +108,8 @@ class FileData(_Strict):
     bucket: Text = Field(description="the bucket the files are in (same endpoint as s3)")
     label: str | None = Field(None, description="csv: the label column")
     columns: list[str] | None = Field(None, description="csv: the header's column names")
-    train: list[list[DataFile]] = Field(description="each worker's files, by worker index")
+    train: list[list[DataFile]] = Field(description="each training task's files, by training task index "
+                                                    "(strategies.training_tasks)")
     test: list[DataFile] = Field(min_length=1, description="the test split's files")
 
 
@@ -166,6 +167,20 @@ class Settings(_Strict):
     def num_workers(self) -> int:
         return len(self.cluster_spec.get("worker", ()))
 
+    @property
+    def training_tasks(self) -> list[tuple[str, int]]:
+        """``(job, index)`` of every task training on its own share of the data (the strategy says which)."""
+        return strategies.training_tasks(self.strategy, {job: len(a) for job, a in self.cluster_spec.items()})
+
+    @property
+    def num_training_tasks(self) -> int:
+        return len(self.training_tasks)
+
+    @property
+    def training_index(self) -> int:
+        """This task's share of the training data (ValueError when it trains on none)."""
+        return self.training_tasks.index((self.role, self.index))
+
     def peers(self) -> list[tuple[str, str]]:
         """``(task name, "host:port")`` of every other task, e.g. ``("worker/1", "10.0.0.3:2222")``."""
         return [(f"{job}/{i}", addr) for job in ROLES for i, addr in enumerate(self.cluster_spec.get(job, ()))
@@ -195,9 +210,10 @@ def _cluster_problems(s: Settings) -> list[str]:
         return [f"tf_config.task must match role={s.role!r} index={s.index} (got {task.model_dump()!r})"]
     if s.role not in cluster or s.index >= len(cluster[s.role]):
         return [f"index is out of range for {len(cluster.get(s.role, ()))} {s.role} task(s) (got {s.index})"]
-    if s.data is not None and (len(s.data.train) != s.num_workers or not all(s.data.train)):
-        return [f"data.train must give each of the {s.num_workers} workers at least one file "
-                f"(got {[len(files) for files in s.data.train]} files per worker)"]
+    if s.data is not None and (len(s.data.train) != s.num_training_tasks or not all(s.data.train)):
+        jobs = "+".join(strategies.TRAINING_JOBS[s.strategy])
+        return [f"data.train must give each of the {s.num_training_tasks} training tasks ({jobs}) at least one "
+                f"file (got {[len(files) for files in s.data.train]} files per task)"]
     return []
 
 

@@ -94,11 +94,12 @@ class Progress:
 
 
 class ChiefState:
-    """What the chief is doing (phase, step, loss, throughput), shared with the watchdogs and the failure
-    handler; :meth:`report` writes it to status.json with any extra fields (``accuracy``, ``error``...)."""
+    """What a loop-running task (the chief; every task of a synchronous strategy) is doing (phase, step,
+    loss, throughput), shared with the watchdogs and the failure handler; :meth:`report` writes it to
+    status.json with any extra fields (``accuracy``, ``error``...)."""
 
-    def __init__(self, state_dir: str | os.PathLike, total: int):
-        self.state_dir = state_dir
+    def __init__(self, state_dir: str | os.PathLike, total: int, role: str = "chief"):
+        self.state_dir, self.role = state_dir, role
         self.total = total
         self.phase = "starting"
         self.step = 0
@@ -108,5 +109,5 @@ class ChiefState:
     def report(self, phase: str | None = None, **extra) -> None:
         if phase:
             self.phase = phase
-        write_status(self.state_dir, role="chief", phase=self.phase, step=self.step, total=self.total,
+        write_status(self.state_dir, role=self.role, phase=self.phase, step=self.step, total=self.total,
                      loss=self.loss, examples_per_sec=self.examples_per_sec, **extra)

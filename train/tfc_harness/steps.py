@@ -19,7 +19,10 @@ def make_replica_step(model, optimizer, loss):
             value = tf.reduce_mean(loss(y, out))
             if model.losses:
                 value += tf.add_n(model.losses)
-        grads = tape.gradient(value, model.trainable_variables)
+            # The optimizer sums the replicas' gradients (one replica per task under a synchronous strategy, one
+            # per step under parameter servers): scaled, the update follows the mean over all replicas' batches.
+            scaled = value / tf.distribute.get_replica_context().num_replicas_in_sync
+        grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return value
 

@@ -22,11 +22,20 @@ DEFAULT_STRATEGY = "parameter_server"
 # The one statement of each strategy's cluster shape (config validation, boilerplate play, harness).
 SHAPES: dict[str, dict[str, tuple[int, int | None]]] = {
     "parameter_server": {"ps": (1, None), "worker": (1, None), "chief": (1, 1)},
+    "multi_worker_mirrored": {"worker": (1, None), "chief": (1, 1)},
+}
+
+# The jobs whose tasks consume training data, in the order their tasks are numbered as training tasks
+# (training task i reads the i-th share of the data: rows i::n of the arrays, or the i-th list of files).
+TRAINING_JOBS: dict[str, tuple[str, ...]] = {
+    "parameter_server": ("worker",),
+    "multi_worker_mirrored": ("chief", "worker"),
 }
 
 # strategy name -> "module:class" under tfc_harness (imported only when a node runs that strategy)
 _IMPLEMENTATIONS = {
     "parameter_server": "parameter_server:ParameterServer",
+    "multi_worker_mirrored": "multi_worker:MultiWorkerMirrored",
 }
 
 # Every job any strategy knows, in the order TF_CONFIG lists them.
@@ -44,6 +53,21 @@ def shape_for(strategy: str) -> dict[str, tuple[int, int | None]]:
         return SHAPES[strategy]
     except KeyError:
         raise ValueError(f"unknown strategy {strategy!r}; allowed: {list(SHAPES)}") from None
+
+
+def training_tasks(strategy: str, counts: Mapping[str, int]) -> list[tuple[str, int]]:
+    """The ``(job, index)`` of every task that trains on its own share of the data, in share order.
+
+    ``training_tasks("multi_worker_mirrored", {"worker": 2, "chief": 1})``
+    -> ``[("chief", 0), ("worker", 0), ("worker", 1)]``
+    """
+    shape_for(strategy)
+    return [(job, i) for job in TRAINING_JOBS[strategy] for i in range(counts.get(job, 0))]
+
+
+def training_task_count(strategy: str, counts: Mapping[str, int]) -> int:
+    """How many shares the training data is cut into for ``strategy`` with ``{job: task count}``."""
+    return len(training_tasks(strategy, counts))
 
 
 def describe_count(low: int, high: int | None) -> str:
@@ -80,6 +104,9 @@ class Strategy(abc.ABC):
     """
 
     name: str = ""
+    # TensorFlow configures collective ops only before its runtime starts: such a strategy connects before
+    # the harness runs any TensorFlow op (the model check waits until then; data preparation uses none).
+    connects_before_tensorflow: bool = False
 
     def __init__(self, settings):
         self.settings = settings
@@ -124,6 +151,37 @@ class Strategy(abc.ABC):
     def writes_published_checkpoints(self) -> bool:
         """Whether this node's checkpoints are the run's (uploaded to S3); others' are scratch copies."""
         return self.settings.role == "chief"
+
+    def publishes(self) -> bool:
+        """Whether this node, after training, evaluates, exports and publishes the model."""
+        return self.settings.role == "chief"
+
+    def prepare_input(self, source) -> Any:
+        """Before connecting: make this loop-running task's own share of the training data available
+        (``source`` is a :mod:`tfc_harness.inputs` input).  Returns what must stay alive while training
+        (a stream), or None.  Nothing to do where the loop's node reads no training data itself."""
+        return None
+
+    def wait_for_peers(self, timeout_s: float) -> None:
+        """The start barrier: block until every other task accepts connections; HarnessError naming the
+        missing ones after ``timeout_s``."""
+        from .peers import wait_for_peers
+
+        wait_for_peers(self.settings.peers(), timeout_s)
+
+    def steps_per_call(self) -> int | None:
+        """A fixed ``n`` for every ``train(n)`` call, or None to let the loop adapt it to the time a call
+        takes.  A synchronous strategy fixes it: every task must run the same sequence of calls."""
+        return None
+
+    def examples_per_step(self) -> int:
+        """Training examples one step consumes (for examples/s)."""
+        return self.settings.batch_size
+
+    def prefers_local_checkpoints(self) -> bool:
+        """Whether a local checkpoint newer than S3's (its upload failed) is restored instead of S3's.
+        Not where every task must restore the same checkpoint: only S3's is common to all."""
+        return True
 
 
 def get(strategy: str) -> type[Strategy]:

@@ -1,0 +1,107 @@
+"""The ``multi_worker_mirrored`` strategy: synchronous all-reduce training on a chief and its workers.
+
+Every task (chief and workers, no parameter servers) runs the same training loop over its own share of
+the data (:func:`tfc_harness.strategies.training_tasks`) through ``tf.distribute.MultiWorkerMirroredStrategy``:
+each step runs the replica step on every task and the optimizer all-reduces the gradients (RING over gRPC
+on CPU nodes, NCCL where the node has GPUs).  Keras 3's ``model.fit`` does not work under this strategy
+(keras-team/keras#20585), hence the harness's own loop, as with parameter servers.
+
+The tasks must issue the same collectives in the same order: each ``train(n)`` call runs a fixed number of
+steps (:data:`STEPS_PER_CALL`, clipped at checkpoint boundaries the same way on every task), every task
+saves at every boundary (TensorFlow requires all of them to), and every task restores the same checkpoint,
+the chief's copy in S3.  Only the chief's checkpoints are kept (its directory is mirrored to S3); the
+others write to a scratch directory that is emptied after each save.  Only the chief evaluates, exports and
+publishes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import peers
+from .errors import HarnessError
+from .strategies import Strategy
+
+STEPS_PER_CALL = 20
+
+
+class MultiWorkerMirrored(Strategy):
+    name = "multi_worker_mirrored"
+    connects_before_tensorflow = True
+
+    def runs_loop(self) -> bool:
+        return True
+
+    def serve(self) -> int:
+        raise HarnessError(f"{self.name}: every task runs the training loop; none only serves")
+
+    def prepare_input(self, source):
+        return source.prepare_worker()
+
+    def wait_for_peers(self, timeout_s: float) -> None:
+        # The TensorFlow server only starts when the strategy connects, and connecting blocks until every
+        # task has: hold the port meanwhile, so that the barrier can name a task that never started.
+        with peers.holding_port(self.settings.cluster_spec[self.settings.role][self.settings.index]):
+            super().wait_for_peers(timeout_s)
+
+    def connect(self) -> None:
+        import tensorflow as tf
+
+        self.tf_strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+            communication_options=communication_options())
+
+    def scope(self):
+        return self.tf_strategy.scope()
+
+    def make_dataset(self, dataset_fn):
+        return iter(self.tf_strategy.distribute_datasets_from_function(lambda _context: dataset_fn()))
+
+    def make_train_fn(self, replica_step, dataset):
+        import tensorflow as tf
+
+        strategy = self.tf_strategy
+
+        @tf.function
+        def train_steps(n):
+            loss = tf.constant(0.0)
+            for _ in tf.range(n):
+                x, y = next(dataset)
+                losses = strategy.run(replica_step, args=(x, y))
+                loss = tf.cast(strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None), tf.float32)
+            return loss
+
+        def train(n: int) -> list[float]:
+            """Run ``n`` synchronous steps on every task; the last step's loss, averaged over the tasks."""
+            return [float(train_steps(tf.constant(n, tf.int64)))]
+
+        return train
+
+    def steps_per_call(self) -> int:
+        return STEPS_PER_CALL
+
+    def examples_per_step(self) -> int:
+        return self.settings.batch_size * self.settings.num_training_tasks
+
+    def checkpoint_dir(self) -> Path:
+        base = Path(self.settings.state_dir) / "checkpoints"
+        if self.writes_published_checkpoints():
+            return base / self.settings.run_id
+        return base / f"scratch-{self.settings.run_id}"
+
+    def checkpoint_options(self):
+        import tensorflow as tf
+
+        return tf.train.CheckpointOptions()
+
+    def prefers_local_checkpoints(self) -> bool:
+        return False
+
+
+def communication_options():
+    """NCCL all-reduce where this node has GPUs, the ring otherwise."""
+    import tensorflow as tf
+
+    impl = tf.distribute.experimental.CommunicationImplementation
+    gpus = tf.config.list_physical_devices("GPU")
+    return tf.distribute.experimental.CommunicationOptions(implementation=impl.NCCL if gpus else impl.RING)
