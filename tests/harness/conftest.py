@@ -5,6 +5,7 @@ Every process a fixture starts is killed at teardown, also when the test fails.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -56,3 +57,14 @@ def s3_client(moto_endpoint, monkeypatch):
         monkeypatch.setenv(key, value)
     from tfc_harness import s3io
     return s3io.make_client(moto_endpoint, "us-east-1")
+
+
+_buckets = itertools.count()
+
+
+@pytest.fixture
+def bucket(s3_client):
+    """A new, empty bucket in the module's moto server."""
+    name = f"bucket-{next(_buckets)}"
+    s3_client.create_bucket(Bucket=name)
+    return name

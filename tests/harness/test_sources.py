@@ -2,19 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 from tfc_harness import s3io, sources
-
-_names = itertools.count()
-
-
-@pytest.fixture
-def bucket(s3_client):
-    name = f"src-{next(_names)}"
-    s3_client.create_bucket(Bucket=name)
-    return name
 
 
 def _put(client, bucket, keys, body=b"x"):

@@ -13,15 +13,6 @@ tf = pytest.importorskip("tensorflow")
 
 from tfc_harness import formats, s3io, stream  # noqa: E402
 
-_names = itertools.count()
-
-
-@pytest.fixture
-def bucket(s3_client):
-    name = f"stream-{next(_names)}"
-    s3_client.create_bucket(Bucket=name)
-    return name
-
 
 def _upload_records(client, bucket, tmp_path, counts):
     """One TFRecord file per count, records ``b"<file>:<record>"``; returns the files as listed."""

@@ -167,7 +167,8 @@ class Prefetcher:
 def file_names(directory: str = STREAM_DIR, poll_ms: int = 50, wait_s: float = 600):
     """A ``tf.data.Dataset`` of the paths ``<directory>/<seq>.data`` in sequence order, graph ops only.
 
-    Auto-sharding is off: the files are already this worker's own.
+    Auto-sharding is off: the files are already this worker's own.  So is tf.data's injected prefetch,
+    which would pull names ahead of the reader.
     """
     import tensorflow as tf
 
@@ -180,6 +181,9 @@ def file_names(directory: str = STREAM_DIR, poll_ms: int = 50, wait_s: float = 6
     names = seqs.flat_map(lambda seq: _when_present(folder, position, seq, poll_ms, wait_s))
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    # No prefetch may pull names (and so record the position) before the reader asks for them: a name
+    # pulled early would let the prefetcher delete a file that has not been opened yet.
+    options.experimental_optimization.inject_prefetch = False
     return names.with_options(options)
 
 
