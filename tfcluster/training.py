@@ -265,8 +265,14 @@ def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict
                deadline=time.time() + settings["max_runtime_s"])
     runrecord.write(state, run)
     say(("resuming" if resume else "starting") + f" run {run_id}: {settings['steps']} steps on "
-        f"{spec.count('worker')} workers, {spec.count('ps')} ps; model → {run['s3_prefix']}")
+        f"{_roles(spec)} ({spec.strategy}); model → {run['s3_prefix']}")
     return run, settings
+
+
+def _roles(spec: RunSpec) -> str:
+    """``1 ps, 2 workers, 1 chief``: the nodes of each role the strategy uses."""
+    return ", ".join(f"{spec.count(r)} {r}{'s' if r == 'worker' and spec.count(r) != 1 else ''}"
+                     for r in ROLES if spec.count(r))
 
 
 def _data_identity(describe: dict) -> str:
@@ -306,7 +312,7 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
                                                    "tf_node_vm_halt_minutes": provider.vm_halt_minutes(spec)})
     chief = next(n for n in nodes if n.role == "chief")
     try:
-        with phase("start parameter servers, workers and the chief (playbooks/train.yml)"):
+        with phase(f"start the tasks: {_roles(spec)}, the chief last (playbooks/train.yml)"):
             recap = ansible_run.playbook(state, "train.yml", extra, forks=len(nodes),
                                          log_file=state.logs / "train.log", env=s3_env(spec), tags="start")
             ansible_run.check_reported(recap, [n.name for n in nodes], "start")
@@ -359,7 +365,7 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 
 def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run_id: str, stop_chief: bool) -> Path:
     """Stop ps and workers (and the chief when asked), then fetch every node's log."""
-    with phase("stop parameter servers and workers, fetch logs"):
+    with phase("stop the tasks still serving, fetch logs"):
         if stop_chief:
             try:
                 ansible_run.playbook(state, "stop.yml", None, forks=len(nodes), log_file=state.logs / "train.log")
