@@ -130,7 +130,8 @@ def test_a_data_set_larger_than_a_workers_memory_streams_through_it(home, tmp_pa
     out = res.stdout
     assert res.returncode == 0, out[-5000:] + res.stderr
     assert re.search(r"data from S3 [0-9.]+ MB/s", out), "no S3 throughput in the progress lines"
-    assert re.search(r"^test auc: 0\.9\d+$", out, re.M), out[-2000:]
+    auc = re.search(r"^test auc: ([0-9.]+)$", out, re.M)
+    assert auc and float(auc.group(1)) >= 0.9, out[-2000:]      # printed rounded: 1.0000 happens
 
     events = (directory / ("memory.events" if cgroup.hierarchy().version == 2 else "memory.oom_control")).read_text()
     assert re.search(r"^oom_kill 0$", events, re.M), events
