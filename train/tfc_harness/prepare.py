@@ -39,9 +39,10 @@ class DataError(HarnessError):
     """The data the cluster file names cannot be used; the message names the file or field."""
 
 
-def check(job: dict) -> dict:
-    """The module's interface, without reading any data."""
-    module = usermodel.load(job["module"])
+def check(job: dict, module: ModuleType | None = None) -> dict:
+    """The module's interface (``module``: the module already imported from ``job["module"]``), without
+    reading any data."""
+    module = module or usermodel.load(job["module"])
     files = job.get("data")
     if files and files.get("format") == "tfrecord" and getattr(module, "decode", None) is None:
         raise ModelModuleError(f"model module {usermodel.label(module)} has no decode(record) function; "
@@ -60,8 +61,8 @@ def check(job: dict) -> dict:
 def run(job: dict) -> dict:
     """Prepare the run's data; returns ``{"data": settings data | None, "dataset_prefix", "describe"}``.
     Nothing is stored before the model, its loss and its metrics have worked on a few real examples."""
-    check(job)
-    module = usermodel.load(job["module"])
+    module = usermodel.load(job["module"])   # imported once: the user's module-level code runs once
+    check(job, module)
     client = s3io.make_client(job.get("endpoint"), job.get("region"))
     if job.get("data"):
         result, (x, y) = _files(client, job, module)
