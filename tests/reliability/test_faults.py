@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, interruptible, needs_root
+from tests.conftest import PYTHON, REPO, needs_root
 from tests.integration.helpers import force_down, leftovers, make, node_input, outside_namespace, ssh
+from tests.reliability import runs
+from tests.reliability.runs import node_log, printed_metric, resumed_steps
 from tests.reliability.s3proxy import FaultProxy
 from tfcluster import store
 
@@ -27,7 +29,6 @@ pytestmark = [pytest.mark.e2e, needs_root()]
 CLUSTER = "tfct-rel"
 CANARY_KEY = "tfcCANARYKEY0000"
 CANARY_SECRET = "CanarySecret-7b1e0f-do-not-leak"
-TASK = "/var/lib/tfcluster/task"
 STEPS = 1600
 ARGS = ["--set", "training.checkpoint_every=200", "--steps", str(STEPS)]
 
@@ -60,86 +61,27 @@ def cluster(home, env):
     return {n["name"]: n for n in json.loads((home / CLUSTER / "nodes.json").read_text())}
 
 
-class Train:
-    """`tfcluster train` in the background, with its output in a file."""
-
-    def __init__(self, env, *extra):
-        self.out = Path(env["TFCLUSTER_HOME"]) / f"train-{time.monotonic_ns()}.log"
-        self.proc = subprocess.Popen([PYTHON, "-m", "tfcluster", "train", "--skip-configure", "--cluster", CLUSTER,
-                                      *ARGS, *extra], cwd=REPO, env=env, stdout=open(self.out, "w"),
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=interruptible)
-        self.args = self.proc.args
-
-    def wait(self, timeout=600) -> tuple[int, str]:
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        return self.proc.returncode, self.out.read_text()
-
-    def text(self) -> str:
-        return self.out.read_text()
-
-
-def chief_status(home, nodes) -> dict:
-    res = ssh(home, CLUSTER, nodes[f"{CLUSTER}-chief-0"]["private_ip"], f"cat {TASK}/status.json", timeout=15)
-    try:
-        return json.loads(res.stdout)
-    except ValueError:
-        return {}
-
-
-def wait_for_step(home, nodes, train: Train, step: int, timeout=300) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = chief_status(home, nodes)
-        if st.get("phase") == "training" and st.get("step", 0) >= step:
-            return st["step"]
-        assert train.proc.poll() is None, train.text()[-3000:]
-        time.sleep(0.3)
-    raise AssertionError(f"the chief never reached step {step}: {chief_status(home, nodes)}")
-
-
-def kill_task(home, nodes, node: str) -> None:
-    """SIGKILL the node's TensorFlow process (its supervisor stays and restarts it)."""
-    cmd = ("python3 -c \"import json,os,signal; os.kill(json.load(open('" + TASK +
-           "/supervisor.json'))['child_pid'], signal.SIGKILL)\"")
-    res = ssh(home, CLUSTER, nodes[f"{CLUSTER}-{node}"]["private_ip"], cmd)
-    assert res.returncode == 0, res.stderr
-
-
-def run_record(home) -> dict:
-    return json.loads((home / CLUSTER / "run.json").read_text())
-
-
-def accuracy(out: str) -> float:
-    return float(re.search(r"^test accuracy: ([0-9.]+)$", out, re.M).group(1))
-
-
 def chief_log(home) -> str:
-    run = run_record(home)
-    return (home / CLUSTER / "logs" / run["run_id"] / f"{CLUSTER}-chief-0" / "node.log").read_text()
+    return node_log(home, CLUSTER)
 
 
 def test_worker_killed_at_30_percent(home, env, cluster):
     """Kill a worker at ~30%: the run completes, accuracy >= 0.90, the metrics record the loss and rejoin."""
-    train = Train(env)
-    wait_for_step(home, cluster, train, int(STEPS * 0.3))
-    kill_task(home, cluster, "worker-0")
+    train = runs.Train(env, CLUSTER, *ARGS)
+    runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.3))
+    runs.kill_task(home, CLUSTER, cluster, "worker-0")
     code, out = train.wait()
     assert code == 0, out[-4000:]
-    assert accuracy(out) >= 0.90
-    metrics = run_record(home)["metrics"]
+    assert printed_metric(out) >= 0.90
+    metrics = runs.run_record(home, CLUSTER)["metrics"]
     assert metrics["peer_failures"].get("worker/0", 0) >= 1, metrics
     assert metrics["peer_rejoins"].get("worker/0", 0) >= 1, metrics
 
 
 def test_worker_link_cut_for_20s(home, env, cluster):
     """Cut a worker's link for 20 s mid-run: the run completes (a stuck coordinator is restarted)."""
-    train = Train(env, "--set", "training.stall_timeout_seconds=30")
-    wait_for_step(home, cluster, train, int(STEPS * 0.2))
+    train = runs.Train(env, CLUSTER, *ARGS, "--set", "training.stall_timeout_seconds=30")
+    runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.2))
     veth = node_input(home, CLUSTER, f"{CLUSTER}-worker-1")["veth"]
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
     try:
@@ -148,45 +90,46 @@ def test_worker_link_cut_for_20s(home, env, cluster):
         subprocess.run(["ip", "link", "set", veth, "up"], check=True)
     code, out = train.wait()
     assert code == 0, out[-4000:]
-    assert accuracy(out) >= 0.90
+    assert printed_metric(out) >= 0.90
 
 
 def test_chief_killed_resumes_from_checkpoint(home, env, cluster):
     """Kill the chief at ~50%: it is restarted and resumes at the checkpointed step, not 0."""
-    train = Train(env)
-    at = wait_for_step(home, cluster, train, int(STEPS * 0.5))
-    kill_task(home, cluster, "chief-0")
+    train = runs.Train(env, CLUSTER, *ARGS)
+    at = runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.5))
+    runs.kill_task(home, CLUSTER, cluster, "chief-0")
     code, out = train.wait()
     assert code == 0, out[-4000:]
-    resumed = [int(s) for s in re.findall(r"resumed from checkpoint at step (\d+)", chief_log(home))]
+    resumed = resumed_steps(chief_log(home))
     assert resumed, chief_log(home)[-3000:]
     assert 0 < resumed[-1] <= at + 200 and resumed[-1] % 200 == 0, (resumed, at)
-    assert run_record(home)["metrics"]["restored_from_step"] == resumed[-1]
+    assert runs.run_record(home, CLUSTER)["metrics"]["restored_from_step"] == resumed[-1]
     assert "restarts 1" in out or re.search(r"restarts 1\b", out), out[-3000:]
 
 
 def test_ps_killed_recovers_or_resumes(home, env, cluster):
     """Kill the ps at ~50%: the run recovers, or fails clearly and the next train resumes."""
-    train = Train(env)
-    wait_for_step(home, cluster, train, int(STEPS * 0.5))
-    kill_task(home, cluster, "ps-0")
+    train = runs.Train(env, CLUSTER, *ARGS)
+    runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.5))
+    runs.kill_task(home, CLUSTER, cluster, "ps-0")
     code, out = train.wait()
     if code != 0:
         assert "training failed" in out, out[-3000:]
-        code, out = Train(env).wait()
+        code, out = runs.Train(env, CLUSTER, *ARGS).wait()
         assert code == 0, out[-4000:]
-    assert accuracy(out) >= 0.90
-    resumed = [int(s) for s in re.findall(r"resumed from checkpoint at step (\d+)", chief_log(home))]
+    assert printed_metric(out) >= 0.90
+    resumed = resumed_steps(chief_log(home))
     assert resumed and resumed[-1] > 0, chief_log(home)[-3000:]
 
 
 def test_worker_that_never_starts_fails_the_run_naming_it(home, env, cluster):
     """A worker whose task never comes up: the run fails within the start timeout, naming it."""
-    train = Train(env, "--set", "training.start_timeout_seconds=15", "--set", "training.max_restarts=0")
+    train = runs.Train(env, CLUSTER, *ARGS, "--set", "training.start_timeout_seconds=15",
+                       "--set", "training.max_restarts=0")
     worker = cluster[f"{CLUSTER}-worker-1"]["private_ip"]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:   # stop its task as soon as it exists, before its server listens
-        if ssh(home, CLUSTER, worker, f"/usr/local/bin/tfc-supervise stop --dir {TASK}").stdout.startswith(
+        if ssh(home, CLUSTER, worker, f"/usr/local/bin/tfc-supervise stop --dir {runs.TASK}").stdout.startswith(
                 ("stopped", "killed")):
             break
         time.sleep(0.2)
@@ -201,9 +144,9 @@ def test_s3_faults_model_still_published(home, env, cluster):
     """S3 behind a proxy failing 15% of requests and delaying 30%: the model is published and verified."""
     ip, port = store.store_addr()
     with FaultProxy(ip, (ip, port), fail_rate=0.15, delay_rate=0.3) as proxy:
-        code, out = Train(env, "--set", f"storage.endpoint={proxy.url}").wait()
+        code, out = runs.Train(env, CLUSTER, *ARGS, "--set", f"storage.endpoint={proxy.url}").wait()
     assert code == 0, out[-4000:]
-    assert accuracy(out) >= 0.90 and run_record(home)["state"] == "verified"
+    assert printed_metric(out) >= 0.90 and runs.run_record(home, CLUSTER)["state"] == "verified"
     assert proxy.counts["failed"] > 0 and proxy.counts["delayed"] > 0, proxy.counts
 
 
@@ -212,18 +155,18 @@ def test_s3_down_down_refuses_then_retry_publishes(home, env, cluster):
     ip, port = store.store_addr()
     with FaultProxy(ip, (ip, port)) as proxy:
         url = proxy.url
-        train = Train(env, "--set", f"storage.endpoint={url}", "--set", "training.max_restarts=1")
-        wait_for_step(home, cluster, train, int(STEPS * 0.6))
+        train = runs.Train(env, CLUSTER, *ARGS, "--set", f"storage.endpoint={url}", "--set", "training.max_restarts=1")
+        runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.6))
         proxy.fail_all = True
         code, out = train.wait()
     assert code == 1 and "could not be stored in S3" in out, out[-4000:]
-    assert run_record(home)["state"] == "unpublished"
+    assert runs.run_record(home, CLUSTER)["state"] == "unpublished"
     res = make("down", home, CLUSTER=CLUSTER)
     assert res.returncode != 0 and "refusing to destroy" in res.stderr, res.stdout + res.stderr
     assert leftovers(home, CLUSTER), "the guard must keep the cluster"
-    code, out = Train(env).wait()   # storage healthy again: the kept checkpoint is resumed and published
+    code, out = runs.Train(env, CLUSTER, *ARGS).wait()   # storage healthy again: the kept checkpoint is published
     assert code == 0, out[-4000:]
-    assert run_record(home)["state"] == "verified"
+    assert runs.run_record(home, CLUSTER)["state"] == "verified"
     assert re.search(r"resumed from checkpoint at step \d+ \(local, newer than S3\)", chief_log(home))
 
 
@@ -277,13 +220,14 @@ def test_canary_secret_appears_nowhere_else(home, env, cluster):
 
 def test_ctrl_c_during_train_then_down_leaves_nothing(home, env, cluster):
     """Ctrl-C during train, then down: the tasks stop, logs are fetched, nothing of the cluster remains."""
-    train = Train(env)
-    wait_for_step(home, cluster, train, int(STEPS * 0.3))
+    train = runs.Train(env, CLUSTER, *ARGS)
+    runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.3))
     os.killpg(train.proc.pid, signal.SIGINT)
     code, out = train.wait(timeout=180)
     assert code == 130, out[-3000:]
-    assert run_record(home)["state"] == "interrupted"
+    assert runs.run_record(home, CLUSTER)["state"] == "interrupted"
     res = make("down", home, CLUSTER=CLUSTER)
     assert res.returncode == 0, res.stdout + res.stderr
     assert leftovers(home, CLUSTER) == []
-    assert (home / CLUSTER / "logs" / run_record(home)["run_id"] / f"{CLUSTER}-chief-0" / "node.log").exists()
+    run_id = runs.run_record(home, CLUSTER)["run_id"]
+    assert (home / CLUSTER / "logs" / run_id / f"{CLUSTER}-chief-0" / "node.log").exists()

@@ -1,0 +1,91 @@
+"""What the fault scenarios share: `tfcluster train` in the background, the chief's status, killing a task.
+
+Each scenario module has its own configured cluster; these helpers take its name (and its state root,
+``home``) so that one set serves every module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import PYTHON, REPO, interruptible
+from tests.integration.helpers import ssh
+
+TASK = "/var/lib/tfcluster/task"
+
+
+class Train:
+    """`tfcluster train --skip-configure` on ``cluster`` in the background, with its output in a file."""
+
+    def __init__(self, env: dict, cluster: str, *args: str):
+        self.out = Path(env["TFCLUSTER_HOME"]) / f"train-{time.monotonic_ns()}.log"
+        self.proc = subprocess.Popen([PYTHON, "-m", "tfcluster", "train", "--skip-configure", "--cluster", cluster,
+                                      *args], cwd=REPO, env=env, stdout=open(self.out, "w"),
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=interruptible)
+        self.args = self.proc.args
+
+    def wait(self, timeout=600) -> tuple[int, str]:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.returncode, self.out.read_text()
+
+    def text(self) -> str:
+        return self.out.read_text()
+
+
+def task_status(home: Path, cluster: str, nodes: dict, node: str = "chief-0") -> dict:
+    """A node's status.json (the harness's own report), {} while it has none."""
+    res = ssh(home, cluster, nodes[f"{cluster}-{node}"]["private_ip"], f"cat {TASK}/status.json", timeout=15)
+    try:
+        return json.loads(res.stdout)
+    except ValueError:
+        return {}
+
+
+def wait_for_step(home: Path, cluster: str, nodes: dict, train: Train, step: int, timeout=300) -> int:
+    """Wait until the chief reports training at ``step`` or later; returns the step it reported."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = task_status(home, cluster, nodes)
+        if st.get("phase") == "training" and st.get("step", 0) >= step:
+            return st["step"]
+        assert train.proc.poll() is None, train.text()[-3000:]
+        time.sleep(0.3)
+    raise AssertionError(f"the chief never reached step {step}: {task_status(home, cluster, nodes)}")
+
+
+def kill_task(home: Path, cluster: str, nodes: dict, node: str) -> None:
+    """SIGKILL the node's TensorFlow process (its supervisor stays and restarts it)."""
+    cmd = ("python3 -c \"import json,os,signal; os.kill(json.load(open('" + TASK +
+           "/supervisor.json'))['child_pid'], signal.SIGKILL)\"")
+    res = ssh(home, cluster, nodes[f"{cluster}-{node}"]["private_ip"], cmd)
+    assert res.returncode == 0, res.stderr
+
+
+def run_record(home: Path, cluster: str) -> dict:
+    return json.loads((home / cluster / "run.json").read_text())
+
+
+def printed_metric(out: str, name: str = "accuracy") -> float:
+    """A test metric as `make train` prints it (``test accuracy: 0.9833``)."""
+    return float(re.search(rf"^test {name}: ([0-9.]+)$", out, re.M).group(1))
+
+
+def node_log(home: Path, cluster: str, node: str = "chief-0") -> str:
+    """The node's log as fetched after the newest run."""
+    run = run_record(home, cluster)
+    return (home / cluster / "logs" / run["run_id"] / f"{cluster}-{node}" / "node.log").read_text()
+
+
+def resumed_steps(log: str) -> list[int]:
+    return [int(s) for s in re.findall(r"resumed from checkpoint at step (\d+)", log)]
