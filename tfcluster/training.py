@@ -12,6 +12,8 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from tfc_harness import strategies
+
 from . import ansible_run, job, poll, remote, runrecord, store, wheelhouse
 from .cluster import down as destroy_cluster
 from .cluster import load_spec, phase, say
@@ -193,7 +195,7 @@ class ChiefWatch:
 def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 2.0,
                    streamers: list[Node] = ()) -> dict:
     """Poll the chief's status and print progress until its task ends; return the last status.
-    ``streamers``: the workers streaming files from S3, whose read rate the progress line shows."""
+    ``streamers``: the tasks streaming files from S3, whose summed read rate the progress line shows."""
     final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers), timeout_s, poll_s)
     if final is None:
         raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
@@ -317,7 +319,8 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
                                          log_file=state.logs / "train.log", env=s3_env(spec), tags="start")
             ansible_run.check_reported(recap, [n.name for n in nodes], "start")
         with phase("training"):
-            streamers = [n for n in nodes if n.role == "worker"] if settings.get("data") else []
+            readers = strategies.TRAINING_JOBS[spec.strategy]     # the tasks that stream their own files
+            streamers = [n for n in nodes if n.role in readers] if settings.get("data") else []
             return wait_for_chief(state, chief, settings["max_runtime_s"] + 120, streamers=streamers)
     except (KeyboardInterrupt, TfclusterError) as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)

@@ -41,3 +41,19 @@ def test_progress_rates_and_cadence():
     assert progress.examples_per_sec(200) == pytest.approx(3200.0)
     assert progress.eta_s(200) == pytest.approx(8.0)
     assert progress.line(200, 0.5) == "step 200/600 loss 0.5000 examples/s 3200.0 eta 8s"
+
+
+def test_a_loop_running_task_reading_its_own_files_reports_its_stream(tmp_path):
+    """Under multi_worker_mirrored every task streams its files: its status carries the stream's figures."""
+    class Feed:
+        def stats(self):
+            return {"mb_per_s": 12.5, "epoch": 1, "bytes": 4_000_000}
+
+    state = status.ChiefState(tmp_path, 100, role="worker")
+    state.report("training")
+    assert "data" not in json.loads((tmp_path / "status.json").read_text())
+    state.feed = Feed()
+    state.step = 20
+    state.report()
+    written = json.loads((tmp_path / "status.json").read_text())
+    assert written["data"] == Feed().stats() and written["step"] == 20 and written["role"] == "worker"

@@ -107,7 +107,7 @@ def _run(settings: Settings, strategy: Strategy, state: ChiefState, started: flo
 
 def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job: Job, started: float) -> Trained:
     """The part every loop-running task shares: its data, the start barrier, connect, restore, train."""
-    job.feed = strategy.prepare_input(job.input)
+    job.feed = state.feed = strategy.prepare_input(job.input)
     # Leave the runtime watchdog a little time so that an absent peer ends in an error naming it.
     remaining = max(1.0, settings.max_runtime_s - (time.monotonic() - started) - 2)
     strategy.wait_for_peers(min(remaining, settings.start_timeout_s or remaining))

@@ -95,8 +95,8 @@ class Progress:
 
 class ChiefState:
     """What a loop-running task (the chief; every task of a synchronous strategy) is doing (phase, step,
-    loss, throughput), shared with the watchdogs and the failure handler; :meth:`report` writes it to
-    status.json with any extra fields (``accuracy``, ``error``...)."""
+    loss, throughput, and the figures of the data stream it reads, if any), shared with the watchdogs and the
+    failure handler; :meth:`report` writes it to status.json with any extra fields (``accuracy``, ``error``...)."""
 
     def __init__(self, state_dir: str | os.PathLike, total: int, role: str = "chief"):
         self.state_dir, self.role = state_dir, role
@@ -105,9 +105,12 @@ class ChiefState:
         self.step = 0
         self.loss: float | None = None
         self.examples_per_sec: float | None = None
+        self.feed = None    # this task's data stream when it reads files itself (its stats() go to status)
 
     def report(self, phase: str | None = None, **extra) -> None:
         if phase:
             self.phase = phase
+        if self.feed is not None:
+            extra.setdefault("data", self.feed.stats())
         write_status(self.state_dir, role=self.role, phase=self.phase, step=self.step, total=self.total,
                      loss=self.loss, examples_per_sec=self.examples_per_sec, **extra)
