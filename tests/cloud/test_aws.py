@@ -140,6 +140,38 @@ def _plan(tf: TerraformModule) -> str:
 
 
 @needs_aws_plugin
+def test_multi_worker_mirrored_plans_no_ps_and_grpc_only_between_members(tmp_path, moto_endpoint, aws_env,
+                                                                         public_key):
+    """`strategy: multi_worker_mirrored` through the module: a chief and workers, no ps instance, and the
+    security rules unchanged (SSH from the allowed networks, the TensorFlow port from the group only)."""
+    spec = aws_spec(moto_endpoint, cluster="tfct-mwms", strategy="multi_worker_mirrored",
+                    **{"nodes.ps.count": 0})
+    provider = AwsProvider(ClusterState("tfct-mwms", root=tmp_path))
+    tf = provider.module()
+    tf.write_root(provider.inputs(spec, public_key))
+    tf.init()
+    env = dict(os.environ, **tf._env())
+    res = subprocess.run([TERRAFORM_BIN, "plan", "-input=false", "-no-color", "-lock=false", "-out=mwms.plan"],
+                         cwd=tf.work_dir, env=env, capture_output=True, text=True, timeout=150)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    shown = subprocess.run([TERRAFORM_BIN, "show", "-json", "mwms.plan"], cwd=tf.work_dir, env=env,
+                           capture_output=True, text=True, timeout=60, check=True)
+    planned = [r for r in json.loads(shown.stdout)["resource_changes"] if r["change"]["actions"] == ["create"]]
+    instances = sorted(r["index"] for r in planned if r["type"] == "aws_instance")
+    assert instances == ["tfct-mwms-chief-0", "tfct-mwms-worker-0", "tfct-mwms-worker-1"], instances
+    rules = {r["name"]: r["change"] for r in planned if r["type"] == "aws_vpc_security_group_ingress_rule"}
+    assert set(rules) == {"ssh", "tf_port"}, rules
+    ssh = [r["change"]["after"] for r in planned if r["type"] == "aws_vpc_security_group_ingress_rule"
+           and r["name"] == "ssh"]
+    assert [(r["from_port"], r["cidr_ipv4"]) for r in ssh] == [(22, "203.0.113.0/24")]
+    grpc = rules["tf_port"]
+    assert (grpc["after"]["from_port"], grpc["after"]["to_port"]) == (2222, 2222)
+    assert grpc["after"].get("cidr_ipv4") is None and grpc["after"].get("cidr_ipv6") is None
+    assert grpc["after_unknown"].get("referenced_security_group_id") is True   # the cluster's own group
+    assert not tf.has_resources()
+
+
+@needs_aws_plugin
 def test_module_refuses_bad_values_before_creating_anything(tmp_path, moto_endpoint, aws_env, public_key):
     provider = AwsProvider(ClusterState("tfct-bad", root=tmp_path))
     tf = provider.module()

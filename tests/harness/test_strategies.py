@@ -100,3 +100,14 @@ def test_shape_table_needs_neither_tensorflow_nor_pydantic():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
                          env={"PYTHONPATH": str(TRAIN_DIR)}).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("gpus, implementation", [([], "RING"), (["/physical_device:GPU:0"], "NCCL")])
+def test_all_reduce_uses_nccl_on_gpu_nodes_and_the_ring_on_cpu_nodes(monkeypatch, gpus, implementation):
+    """No GPU here can run TensorFlow: the choice is checked with the device list TensorFlow would give."""
+    tf = pytest.importorskip("tensorflow")
+    from tfc_harness import multi_worker
+
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: gpus if kind == "GPU" else [])
+    options = multi_worker.communication_options()
+    assert options.implementation == getattr(tf.distribute.experimental.CommunicationImplementation, implementation)

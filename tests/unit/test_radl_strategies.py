@@ -23,3 +23,11 @@ def test_multi_worker_mirrored_has_no_ps_system_nor_ps_in_the_cluster_spec():
         recipe = parsed.get_configure_by_name(role).recipes
         assert "tf_node_count: 3" in recipe and "\n      ps:" not in recipe
         assert "\n      worker:" in recipe and "\n      chief:" in recipe
+    # the security rules do not depend on the strategy: from outside, SSH from the allowed networks only;
+    # the TensorFlow port only on the private network between members
+    outside = {n.id: [(o.get_remote_cidr(), o.get_remote_port(), o.get_protocol()) for o in n.getOutPorts() or []]
+               for n in parsed.networks}
+    assert outside == {"public": [("203.0.113.0/24", 22, "tcp")], "private": []}
+    assert not parsed.get_network_by_id("private").isPublic()
+    for system in parsed.systems:
+        assert [system.getValue(f"net_interface.{i}.connection") for i in range(3)] == ["public", "private", None]
