@@ -14,6 +14,7 @@ FORCE ?=
 NODE ?=
 VENV ?= .venv
 PYTEST_ARGS ?=
+STRATEGIES ?=
 
 TFCLUSTER = $(VENV)/bin/tfcluster
 CONFIG_ARGS = $(if $(CONFIG),--config $(CONFIG)) $(if $(CLUSTER),--cluster $(CLUSTER)) \
@@ -85,8 +86,8 @@ clean: $(BOOTSTRAP) ## Stop the local S3 store (its objects go with it); refused
 	$(TFCLUSTER) store stop $(if $(FORCE),--force)
 
 .PHONY: bench
-bench: $(BOOTSTRAP) ## Benchmark: phase times and cluster vs single-process examples/s (figures only)
-	$(VENV)/bin/python scripts/bench.py $(if $(STEPS),--steps $(STEPS))
+bench: $(BOOTSTRAP) ## Benchmark each strategy: phase times, cluster vs one plain process examples/s (figures, JSON)
+	$(VENV)/bin/python scripts/bench.py $(if $(STEPS),--steps $(STEPS)) $(if $(STRATEGIES),--strategies $(STRATEGIES))
 
 .PHONY: reliability
 reliability: $(BOOTSTRAP) ## Fault scenarios on a local cluster, with a report of each outcome and its time
