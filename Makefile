@@ -7,6 +7,7 @@ SHELL = /usr/bin/env bash -o pipefail
 PROVIDER ?=
 CLUSTER ?=
 CONFIG ?=
+STRATEGY ?=
 PS ?=
 WORKERS ?=
 STEPS ?=
@@ -18,7 +19,7 @@ STRATEGIES ?=
 
 TFCLUSTER = $(VENV)/bin/tfcluster
 CONFIG_ARGS = $(if $(CONFIG),--config $(CONFIG)) $(if $(CLUSTER),--cluster $(CLUSTER)) \
-	$(if $(PROVIDER),--provider $(PROVIDER)) $(if $(PS),--ps $(PS)) \
+	$(if $(PROVIDER),--provider $(PROVIDER)) $(if $(STRATEGY),--set strategy=$(STRATEGY)) $(if $(PS),--ps $(PS)) \
 	$(if $(WORKERS),--workers $(WORKERS)) $(if $(STEPS),--steps $(STEPS))
 BOOTSTRAP = $(VENV)/.tfcluster-installed
 # `make up train down`: when `down` is a goal, a failed (or interrupted) up or train tears the cluster down
