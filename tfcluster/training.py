@@ -294,6 +294,13 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
+def _readers(spec: RunSpec) -> str:
+    """The tasks that read the training files: ``2 workers``, or ``3 tasks (chief and workers)``."""
+    jobs = strategies.TRAINING_JOBS[spec.strategy]
+    n = strategies.training_task_count(spec.strategy, {r: spec.count(r) for r in ROLES})
+    return f"{n} workers" if jobs == ("worker",) else f"{n} tasks ({', '.join(jobs)})"
+
+
 def _data_line(spec: RunSpec, prepared: dict) -> str:
     d = prepared["describe"]
     if d["source"] == "arrays":
@@ -302,7 +309,7 @@ def _data_line(spec: RunSpec, prepared: dict) -> str:
                 + ("uploaded" if prepared.get("uploaded") else "already there (same content)"))
     return (f"data: {len(d['train'])} training files ({_size(sum(f['size'] for f in d['train']))}) and "
             f"{len(d['test'])} test files "
-            f"({d['format']}) in s3://{d['bucket']}/, spread over {spec.count('worker')} workers")
+            f"({d['format']}) in s3://{d['bucket']}/, spread over {_readers(spec)}")
 
 
 def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, settings: dict) -> dict:
