@@ -81,7 +81,7 @@ def configure(spec: RunSpec) -> None:
 
 
 # -- train -------------------------------------------------------------------------------------
-def _run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
+def run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
     """The settings every node gets (``run`` holds what :func:`tfcluster.job.prepare` found: the data)."""
     prefix = f"{spec.storage.prefix}/{spec.cluster}/{run_id}"
     return {
@@ -260,7 +260,7 @@ def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict
     run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(),
            "resumed": resume, "fingerprint": fingerprint, "data": prepared["describe"],
            "settings_data": prepared["data"], "dataset_prefix": prepared["dataset_prefix"]}
-    settings = _run_settings(spec, run_id, run)
+    settings = run_settings(spec, run_id, run)
     run.update(steps=settings["steps"], s3_prefix=f"s3://{spec.storage.bucket}/{settings['s3']['run_prefix']}/",
                deadline=time.time() + settings["max_runtime_s"])
     runrecord.write(state, run)
@@ -378,7 +378,7 @@ def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run_id: str, 
 def verify(spec: RunSpec, run: dict) -> dict:
     """Read the published model back from S3, check every hash, evaluate it in a fresh process."""
     state = ClusterState(spec.cluster)
-    settings = _run_settings(spec, run["run_id"], run)
+    settings = run_settings(spec, run["run_id"], run)
     dest = artifacts_root() / spec.cluster / run["run_id"]
     with phase(f"verify the model in {run['s3_prefix']}"):
         try:
