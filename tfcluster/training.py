@@ -265,11 +265,11 @@ def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict
                deadline=time.time() + settings["max_runtime_s"])
     runrecord.write(state, run)
     say(("resuming" if resume else "starting") + f" run {run_id}: {settings['steps']} steps on "
-        f"{_roles(spec)} ({spec.strategy}); model → {run['s3_prefix']}")
+        f"{roles_text(spec)} ({spec.strategy}); model → {run['s3_prefix']}")
     return run, settings
 
 
-def _roles(spec: RunSpec) -> str:
+def roles_text(spec: RunSpec) -> str:
     """``1 ps, 2 workers, 1 chief``: the nodes of each role the strategy uses."""
     return ", ".join(f"{spec.count(r)} {r}{'s' if r == 'worker' and spec.count(r) != 1 else ''}"
                      for r in ROLES if spec.count(r))
@@ -312,7 +312,7 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
                                                    "tf_node_vm_halt_minutes": provider.vm_halt_minutes(spec)})
     chief = next(n for n in nodes if n.role == "chief")
     try:
-        with phase(f"start the tasks: {_roles(spec)}, the chief last (playbooks/train.yml)"):
+        with phase(f"start the tasks: {roles_text(spec)}, the chief last (playbooks/train.yml)"):
             recap = ansible_run.playbook(state, "train.yml", extra, forks=len(nodes),
                                          log_file=state.logs / "train.log", env=s3_env(spec), tags="start")
             ansible_run.check_reported(recap, [n.name for n in nodes], "start")
