@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_cli
-from tests.unit.test_bad_input import CASES
+from tests.unit.test_bad_input import CASES, run_case
 from tests.unit.test_config import _cluster_traces
 from tfcluster import localnode, terraform
 from tfcluster.config import resolve
@@ -80,23 +80,15 @@ PLAN_CASES = [c for c in CASES if c[0] in ("override: workers -1", "gpus on loca
 
 @pytest.mark.parametrize("case_id,text,args,field", PLAN_CASES, ids=[c[0] for c in PLAN_CASES])
 def test_plan_bad_input_exits_2_as_up_does_and_creates_nothing(home, tmp_path, case_id, text, args, field):
-    """The configuration's, the provider's and the model module's checks: one line, exit status 2."""
-    if text is not None:
-        cfg = tmp_path / "cluster.yml"
-        cfg.write_text(text)
-        args = ["-c", str(cfg), *args]
-    if "__FILE__" in " ".join(args):
-        bad = tmp_path / "my-model.v2.py"
-        bad.write_text("def build_model():\n    pass\n")
-        args = [a.replace("__FILE__", str(bad)) for a in args]
+    """The configuration's and the provider's checks, as up makes them: one line, exit status 2."""
     tmp_before = plan_dirs()
-    res = run_cli("plan", "--cluster", CLUSTER, *args, home=home, timeout=120)
+    res = run_case("plan", home, tmp_path, text, args)
     assert res.returncode == 2, res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "allowed" in lines[0] and "Traceback" not in res.stderr
     assert "\nnodes:\n" not in res.stdout
     assert list(home.iterdir()) == []
-    assert_nothing_created(home, CLUSTER, tmp_before)
+    assert_nothing_created(home, "tfct-bad", tmp_before)
 
 
 def test_time_limits_local_never_halts_clouds_halt_at_boot_and_after_the_deadline(tmp_path):
