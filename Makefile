@@ -53,6 +53,10 @@ all: $(BOOTSTRAP) ## up, train, down: down runs after success, failure and Ctrl-
 validate: $(BOOTSTRAP) ## Check the configuration and print it with defaults filled in
 	$(TFCLUSTER) validate $(CONFIG_ARGS)
 
+.PHONY: plan
+plan: $(BOOTSTRAP) ## Show what up would create (nodes, Terraform plan or RADL, network, deadline, model), creating nothing
+	$(TFCLUSTER) plan $(CONFIG_ARGS)
+
 .PHONY: up
 up: $(BOOTSTRAP) ## Provision the cluster (local provider by default) and check Ansible reaches every node
 	$(TFCLUSTER) up $(CONFIG_ARGS) $(DOWN_ON_FAILURE)

@@ -69,6 +69,13 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from . import plan
+
+    plan.show(spec_from_args(args))  # bad input stops here as it stops up: exit status 2
+    return 0
+
+
 def cmd_up(args) -> int:
     spec = spec_from_args(args)  # bad input stops here, before anything exists
     if args.down_on_failure:  # `make up train down`: a failed up must not leave half a cluster
@@ -215,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     _config_args(add("validate", cmd_validate, "check the configuration and print it with defaults filled"))
+    _config_args(add("plan", cmd_plan, "show what up would create (nodes, Terraform plan or RADL, network, time "
+                                       "limits, model location), creating nothing"))
     p = add("up", cmd_up, "provision the cluster's nodes and check Ansible reaches them")
     _config_args(p)
     _down_on_failure_args(p)

@@ -15,7 +15,7 @@ from .config import RunSpec, resolve
 from .errors import ProvisionError, TfclusterError
 from .paths import ClusterState
 from .providers import get_provider
-from .providers.base import Node, read_nodes, write_nodes
+from .providers.base import Node, Provider, read_nodes, write_nodes
 
 
 def say(msg: str) -> None:
@@ -79,16 +79,25 @@ def wait_for_ssh(state: ClusterState, nodes: list[Node], timeout: int) -> None:
     raise ProvisionError(f"nodes not reachable over SSH after {timeout}s: {', '.join(bad)}\n{detail}")
 
 
-def up(spec: RunSpec) -> list[Node]:
+def preflight(spec: RunSpec) -> tuple[Provider, dict]:
+    """Every check ``up`` makes before it creates anything (``plan`` makes them too): the provider's, the
+    model module's (its interface, as :func:`tfcluster.job.check` reports it, is returned) and that the
+    cluster is not up on another provider. Bad input raises ConfigError or JobError (exit status 2)."""
     state = ClusterState(spec.cluster)
     provider = get_provider(spec.provider, state)
-    provider.check(spec)  # refuse before anything is created
+    provider.check(spec)
     with phase("check the model module"):
-        job.check(spec)
+        checked = job.check(spec)
     previous = load_spec(state) if state.spec.exists() else None
     if previous and previous.provider != spec.provider:
         raise TfclusterError(f"cluster {spec.cluster} is up on provider {previous.provider}; "
                              f"run 'make down CLUSTER={spec.cluster}' first")
+    return provider, checked
+
+
+def up(spec: RunSpec) -> list[Node]:
+    state = ClusterState(spec.cluster)
+    provider, _ = preflight(spec)  # refuse before anything is created
     state.dir.mkdir(parents=True, exist_ok=True)
     save_spec(state, spec)
     public_key = ensure_ssh_key(state)

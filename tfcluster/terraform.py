@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from contextlib import contextmanager
@@ -20,6 +21,8 @@ from python_terraform import IsFlagged, IsNotFlagged, Terraform
 from .errors import ProvisionError
 
 TERRAFORM_BIN = shutil.which("terraform") or "/usr/local/bin/terraform"
+PLAN_FILE = "tfcluster.tfplan"
+_RESOURCE_RE = re.compile(r'^resource "([\w-]+)" "([\w-]+)" \{\n(?:\s*((?:count|for_each)\s*=.*)\n)?', re.M)
 
 
 @contextmanager
@@ -94,6 +97,31 @@ class TerraformModule:
         self.init()
         self._run("apply", self._tf.apply, skip_plan=True, input=False, capture_output=True, lock_timeout="60s")
 
+    def plan(self) -> dict:
+        """Terraform's plan of this root, as ``terraform show -json`` gives it; nothing is applied. The state
+        is not locked: run it in a working directory of its own (a copy of any state it should plan against)."""
+        self.init()
+        self._run("plan", self._tf.plan, detailed_exitcode=IsNotFlagged, input=False, lock=False,
+                  out=PLAN_FILE, capture_output=True)
+        return json.loads(self._run("show", self._tf.cmd, "show", PLAN_FILE, json=IsFlagged, no_color=IsFlagged))
+
+    def declared_resources(self) -> list[tuple[str, str]]:
+        """The module's resource blocks: ``(TYPE.NAME, its count or for_each expression or '')``, read from
+        its ``.tf`` files (what a plan would create from, where no plan can run)."""
+        found = []
+        for path in sorted(self.module_dir.glob("*.tf")):
+            for m in _RESOURCE_RE.finditer(path.read_text()):
+                found.append((f"{m.group(1)}.{m.group(2)}", (m.group(3) or "").strip()))
+        return found
+
+    def variable_description(self, name: str) -> str:
+        """The description of one of the module's variables ('' if it has none)."""
+        for path in sorted(self.module_dir.glob("*.tf")):
+            m = re.search(rf'^variable "{name}" {{\n\s*description\s*=\s*"((?:[^"\\]|\\.)*)"', path.read_text(), re.M)
+            if m:
+                return m.group(1)
+        return ""
+
     def destroy(self) -> None:
         if not (self.work_dir / "main.tf.json").exists():
             return
@@ -115,3 +143,42 @@ class TerraformModule:
             return bool(json.loads(state.read_text()).get("resources"))
         except ValueError:
             return True
+
+
+# -- reading a plan (``terraform show -json``) ----------------------------------------------------------
+_MARKS = {("create",): "+", ("update",): "~", ("delete",): "-", ("delete", "create"): "-/+",
+          ("create", "delete"): "+/-"}
+
+
+def resource_changes(planned: dict) -> list[tuple[str, str, dict]]:
+    """The planned changes of managed resources as ``(mark, address, attributes after)``; mark as Terraform
+    prints it (``+`` create, ``~`` update, ``-`` destroy, ``-/+`` replace). Unchanged resources are left out."""
+    changes = []
+    for rc in planned.get("resource_changes", []):
+        mark = _MARKS.get(tuple(rc["change"]["actions"]))
+        if rc.get("mode") == "managed" and mark:
+            changes.append((mark, rc["address"], rc["change"].get("after") or {}))
+    return changes
+
+
+def summary(changes: list[tuple[str, str, dict]]) -> str:
+    """Terraform's own summary line: ``N to add, N to change, N to destroy``."""
+    marks = [mark for mark, _, _ in changes]
+    add = sum("+" in m for m in marks)
+    destroy = sum("-" in m for m in marks)
+    return f"{add} to add, {marks.count('~')} to change, {destroy} to destroy"
+
+
+def planned_output(planned: dict, name: str):
+    """An output's planned value, or None while Terraform knows it only after apply."""
+    output = planned.get("planned_values", {}).get("outputs", {}).get(name, {})
+    unknown = planned.get("output_changes", {}).get(name, {}).get("after_unknown")
+    return None if unknown not in (None, False) else output.get("value")
+
+
+def planned_attributes(planned: dict, key: str) -> dict:
+    """The planned attributes of the first managed resource whose for_each key is ``key``."""
+    for rc in planned.get("resource_changes", []):
+        if rc.get("mode") == "managed" and rc.get("index") == key:
+            return rc["change"].get("after") or {}
+    return {}

@@ -83,7 +83,7 @@ def configure(spec: RunSpec) -> None:
 
 
 # -- train -------------------------------------------------------------------------------------
-def _run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
+def run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
     """The settings every node gets (``run`` holds what :func:`tfcluster.job.prepare` found: the data)."""
     prefix = f"{spec.storage.prefix}/{spec.cluster}/{run_id}"
     return {
@@ -262,16 +262,16 @@ def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict
     run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(),
            "resumed": resume, "fingerprint": fingerprint, "data": prepared["describe"],
            "settings_data": prepared["data"], "dataset_prefix": prepared["dataset_prefix"]}
-    settings = _run_settings(spec, run_id, run)
+    settings = run_settings(spec, run_id, run)
     run.update(steps=settings["steps"], s3_prefix=f"s3://{spec.storage.bucket}/{settings['s3']['run_prefix']}/",
                deadline=time.time() + settings["max_runtime_s"])
     runrecord.write(state, run)
     say(("resuming" if resume else "starting") + f" run {run_id}: {settings['steps']} steps on "
-        f"{_roles(spec)} ({spec.strategy}); model → {run['s3_prefix']}")
+        f"{roles_text(spec)} ({spec.strategy}); model → {run['s3_prefix']}")
     return run, settings
 
 
-def _roles(spec: RunSpec) -> str:
+def roles_text(spec: RunSpec) -> str:
     """``1 ps, 2 workers, 1 chief``: the nodes of each role the strategy uses."""
     return ", ".join(f"{spec.count(r)} {r}{'s' if r == 'worker' and spec.count(r) != 1 else ''}"
                      for r in ROLES if spec.count(r))
@@ -321,7 +321,7 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
                                                    "tf_node_vm_halt_minutes": provider.vm_halt_minutes(spec)})
     chief = next(n for n in nodes if n.role == "chief")
     try:
-        with phase(f"start the tasks: {_roles(spec)}, the chief last (playbooks/train.yml)"):
+        with phase(f"start the tasks: {roles_text(spec)}, the chief last (playbooks/train.yml)"):
             recap = ansible_run.playbook(state, "train.yml", extra, forks=len(nodes),
                                          log_file=state.logs / "train.log", env=s3_env(spec), tags="start")
             ansible_run.check_reported(recap, [n.name for n in nodes], "start")
@@ -388,7 +388,7 @@ def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run_id: str, 
 def verify(spec: RunSpec, run: dict) -> dict:
     """Read the published model back from S3, check every hash, evaluate it in a fresh process."""
     state = ClusterState(spec.cluster)
-    settings = _run_settings(spec, run["run_id"], run)
+    settings = run_settings(spec, run["run_id"], run)
     dest = artifacts_root() / spec.cluster / run["run_id"]
     with phase(f"verify the model in {run['s3_prefix']}"):
         try:

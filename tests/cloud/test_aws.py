@@ -11,6 +11,7 @@ import fnmatch
 import ipaddress
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.cloud.conftest import AWS_PLUGIN, DEBIAN_AMI
+from tests.conftest import run_cli
 from tests.unit.test_terraform_interface import SHARED_INPUTS
 from tfcluster.config import resolve
 from tfcluster.errors import EXIT_USAGE, ConfigError
@@ -369,3 +371,45 @@ def test_leftovers_names_what_is_still_there(tmp_path, moto_endpoint, aws_env):
         ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
     assert provider.leftovers() == []
     assert Path(state.terraform_dir / "main.tf.json").exists()
+
+
+@needs_aws_plugin
+def test_plan_shows_terraforms_plan_and_creates_nothing(home, moto_endpoint, aws_env):
+    """`make plan` on aws: Terraform's real plan against the emulator, from a temporary directory; no state in
+    the cluster's directory and nothing in the (emulated) cloud."""
+    import boto3
+
+    from tests.unit.test_plan import SECTIONS, assert_nothing_created, plan_dirs, sections_in_order
+
+    cluster = "tfct-plan-aws"
+    tmp_before = plan_dirs()
+    res = run_cli("plan", "--cluster", cluster, "--provider", "aws", "--set", "storage.bucket=tfct-runs",
+                  "--set", "network.allowed_ssh_cidrs=203.0.113.0/24", "--set", "nodes.worker.instance_type=c6i.large",
+                  "--set", f"provider_options.endpoint={moto_endpoint}", "--set", "max_runtime_minutes=45",
+                  home=home, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert sections_in_order(out) == list(SECTIONS)
+    # each node with the type and the image Terraform plans for it (the module's Debian 12 lookup)
+    for name, itype in ((f"{cluster}-ps-0", "m6i.large"), (f"{cluster}-worker-0", "c6i.large"),
+                        (f"{cluster}-worker-1", "c6i.large"), (f"{cluster}-chief-0", "m6i.large")):
+        assert re.search(rf"^  {name} +\w+ +{itype} +{DEBIAN_AMI} +0 +\(known after up\)$", out, re.M), out
+        assert f'aws_instance.node["{name}"]: instance_type {itype}, ami {DEBIAN_AMI}' in out
+    summary = re.search(r"terraform plan of terraform/aws/ \(in a temporary directory, removed after\): "
+                        r"(\d+) to add, 0 to change, 0 to destroy", out)
+    assert summary and int(summary.group(1)) >= 10, out
+    # what the network exposes, the halts, where the model goes
+    assert "SSH (22/tcp): from 203.0.113.0/24 only" in out
+    assert "TensorFlow gRPC (2222/tcp, no authentication): only between the cluster's nodes" in out
+    assert 'ssh["203.0.113.0/24"]: cidr_ipv4 203.0.113.0/24, from_port 22, to_port 22' in out
+    assert "each node halts 105 min after it boots" in out and "each node halts 55 min later" in out
+    assert f"model: s3://tfct-runs/runs/{cluster}/<run-id>/ at AWS S3" in out
+    # nothing created: no state of the cluster, no tagged resource in the emulator
+    assert_nothing_created(home, cluster, tmp_before)
+    ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1")
+    ours = [{"Name": "tag:tfcluster:cluster", "Values": [cluster]}]
+    assert not ec2.describe_instances(Filters=ours)["Reservations"]
+    assert not ec2.describe_vpcs(Filters=ours)["Vpcs"] and not ec2.describe_security_groups(Filters=ours)[
+        "SecurityGroups"]
+    assert not ec2.describe_key_pairs(Filters=[{"Name": "key-name", "Values": [f"tfcluster-{cluster}"]}])["KeyPairs"]
+    assert AwsProvider(ClusterState(cluster, root=home)).leftovers() == []

@@ -21,9 +21,10 @@ import pytest
 from tfcluster.errors import ConfigError
 from tfcluster.paths import TERRAFORM_DIR
 from tfcluster.providers.aws import AwsProvider
+from tfcluster.providers.base import CONFIGURE_ALLOWANCE_MINUTES
 from tfcluster.providers.gcp import GcpProvider
 from tfcluster.providers.openstack import OpenstackProvider
-from tfcluster.terraform import TERRAFORM_BIN
+from tfcluster.terraform import TERRAFORM_BIN, TerraformModule
 
 MODULES = {"gcp": TERRAFORM_DIR / "gcp", "openstack": TERRAFORM_DIR / "openstack"}
 #: the modules whose provider_options a provider class checks first (in Python) and the module again (in HCL)
@@ -110,6 +111,28 @@ def test_option_keys_agree_between_module_and_provider_class(name):
     condition = option_validations(name)[0]
     listed = set(re.findall(r'\\?"([a-z_]+)\\?"', condition.split("contains(", 1)[1]))
     assert listed == set(PROVIDERS[name].options_model.model_fields) == set(PROVIDERS[name].options)
+
+
+# --- what `make plan` says of the modules where no plan can run --------------------------------------
+@pytest.mark.parametrize("name", ["local", "aws", "gcp", "openstack"])
+def test_plan_lists_every_resource_the_module_declares(name):
+    """`make plan` lists a module's resources from its .tf files (gcp, openstack: no provider, no plan here)."""
+    declared = dict(TerraformModule(TERRAFORM_DIR / name, TERRAFORM_DIR / name).declared_resources())
+    parsed = {f"{t}.{n}": body for t in resource_types(name) for n, body in resources(name, t).items()}
+    assert set(declared) == set(parsed)
+    for address, how in declared.items():
+        kind = next((k for k in ("count", "for_each") if k in parsed[address]), None)
+        assert how.split(" ", 1)[0] == (kind or ""), (address, how)
+    assert TerraformModule(TERRAFORM_DIR / name, TERRAFORM_DIR / name).variable_description("instance_types")
+
+
+def test_plan_states_the_boot_halt_the_cloud_modules_arm():
+    """plan's boot-time halt (max_runtime_minutes + CONFIGURE_ALLOWANCE_MINUTES) is the modules' own."""
+    for name in ("aws", "gcp"):
+        blocks = [b for b in module_config(name)["locals"] if "configure_allowance_minutes" in b]
+        assert [b["configure_allowance_minutes"] for b in blocks] == [CONFIGURE_ALLOWANCE_MINUTES], name
+    assert f"var.max_runtime_minutes + {CONFIGURE_ALLOWANCE_MINUTES} " in \
+        (TERRAFORM_DIR / "openstack" / "main.tf").read_text()
 
 
 # --- option values: the module's regex validations and the provider's model agree ----------------------

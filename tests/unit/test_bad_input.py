@@ -51,8 +51,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case_id,text,args,field", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_exits_2_naming_the_field_and_creates_nothing(home, tmp_path, case_id, text, args, field):
+def run_case(command: str, home, tmp_path, text, args):
+    """``tfcluster COMMAND`` with a case's file text (written to a cluster file) and arguments (``__FILE__``:
+    a model file with a bad module name), on cluster tfct-bad unless the case names one."""
     if text is not None:
         cfg = tmp_path / "cluster.yml"
         cfg.write_bytes(text.encode("utf-8", "surrogateescape"))
@@ -61,8 +62,13 @@ def test_bad_input_exits_2_naming_the_field_and_creates_nothing(home, tmp_path, 
         bad = tmp_path / "my-model.v2.py"
         bad.write_text("def build_model():\n    pass\n")
         args = [a.replace("__FILE__", str(bad)) for a in args]
-    res = run_cli("up", "--cluster", "tfct-bad", *args, home=home, timeout=60) if "--cluster" not in args \
-        else run_cli("up", *args, home=home, timeout=60)
+    cluster = [] if "--cluster" in args else ["--cluster", "tfct-bad"]
+    return run_cli(command, *cluster, *args, home=home, timeout=60)
+
+
+@pytest.mark.parametrize("case_id,text,args,field", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_exits_2_naming_the_field_and_creates_nothing(home, tmp_path, case_id, text, args, field):
+    res = run_case("up", home, tmp_path, text, args)
     assert res.returncode == 2, res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "allowed" in lines[0], res.stderr

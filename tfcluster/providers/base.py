@@ -5,14 +5,16 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .. import terraform
 from ..config import ROLES, RunSpec, config_error
 from ..errors import ConfigError, ProvisionError
 from ..paths import TERRAFORM_DIR, ClusterState
@@ -22,6 +24,9 @@ from ..tfsupport import DefaultImage, check_default_image
 #: minutes a cloud VM outlives the run's deadline before it halts itself: the supervisors end their tasks
 #: at the deadline and the chief writes its final checkpoint first (see Provider.vm_halt_minutes)
 VM_HALT_MARGIN_MINUTES = 10
+#: minutes the cloud modules (terraform/aws, gcp, openstack) add to max_runtime_minutes for the halt they arm
+#: at boot, a backstop until training starts (configuration: packages, a GPU driver, TensorFlow)
+CONFIGURE_ALLOWANCE_MINUTES = 60
 
 
 _NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
@@ -91,6 +96,28 @@ def read_nodes(path: Path) -> list[Node]:
     return [Node.from_dict(d) for d in json.loads(path.read_text())]
 
 
+@dataclass
+class PlannedNode:
+    """A node as ``plan`` shows it: what the configuration asks for, completed by the provider's plan."""
+
+    name: str
+    role: str
+    instance_type: str
+    image: str
+    gpus: int
+    address: str = ""
+
+
+@dataclass
+class ProviderPlan:
+    """What ``up`` would create (see :meth:`Provider.plan`): the nodes and the lines that describe the rest."""
+
+    nodes: list[PlannedNode]
+    creates: list[str]
+    #: the ``nodes`` the provider would report, where its plan knows them already (addresses included)
+    known: list[Node] = field(default_factory=list)
+
+
 class ProviderOptions(BaseModel):
     """A provider's ``provider_options``, typed: one field per option, each with the ``description`` users read
     (mostly ``str | None``: None = not given, so the provider's or module's default applies; values the module
@@ -122,6 +149,8 @@ class Provider(ABC):
     #: the nodes are VMs of their own that may halt themselves (never true of local nodes: they share the
     #: host's kernel, and `shutdown` there would halt the controller's machine)
     halts_vm: ClassVar[bool] = False
+    #: what a node's halt does, in the words of this provider (plan says it)
+    halt_effect: ClassVar[str] = "the VM powers off"
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -167,9 +196,38 @@ class Provider(ABC):
         """
         return spec.max_runtime_minutes + VM_HALT_MARGIN_MINUTES if self.halts_vm else 0
 
+    def boot_halt_minutes(self, spec: RunSpec) -> int:
+        """Minutes after its boot at which each node halts itself until training starts (and re-arms the halt
+        for :meth:`vm_halt_minutes`); 0 = no such backstop."""
+        return 0
+
     @abstractmethod
     def up(self, spec: RunSpec, public_key: str) -> list[Node]:
         """Create (or converge) the cluster's nodes and return them."""
+
+    @abstractmethod
+    def plan(self, spec: RunSpec, scratch: ClusterState) -> ProviderPlan:
+        """What :meth:`up` would create for ``spec``, found without creating anything: the provider's own
+        rendering and planning run in ``scratch``, a throw-away state directory holding an SSH key pair (the
+        cluster's public key when it has one), never in the cluster's state."""
+
+    @abstractmethod
+    def exposure(self, spec: RunSpec) -> list[str]:
+        """What the nodes' network exposes to whom (SSH, the TensorFlow port), one line each."""
+
+    def plan_nodes(self, spec: RunSpec) -> list[PlannedNode]:
+        """The nodes the configuration asks for, in the shared naming (``<cluster>-<role>-<index>``)."""
+        return [PlannedNode(f"{spec.cluster}-{role}-{i}", role, self.node_type(spec, role),
+                            self.node_image(spec, role), spec.nodes[role].gpus)
+                for role in ROLES for i in range(spec.count(role))]
+
+    def node_type(self, spec: RunSpec, role: str) -> str:
+        """A role's instance type as ``plan`` shows it ('' = the provider's default)."""
+        return spec.nodes[role].instance_type or "(the module's default)"
+
+    def node_image(self, spec: RunSpec, role: str) -> str:
+        """A role's image as ``plan`` shows it ('' = the provider's default image)."""
+        return spec.nodes[role].image or (self.default_image.name if self.default_image else "")
 
     @abstractmethod
     def down(self) -> None:
@@ -196,6 +254,8 @@ class TerraformProvider(Provider):
 
     #: clouds: SSH must be limited to networks the user names (there is no open default)
     requires_ssh_cidrs: ClassVar[bool] = False
+    #: what a Terraform plan of this module needs that ``plan`` does not have ('' = it plans here)
+    plan_needs: ClassVar[str] = ""
 
     def check(self, spec: RunSpec) -> None:
         super().check(spec)
@@ -242,9 +302,77 @@ class TerraformProvider(Provider):
     def down(self) -> None:
         self.module().destroy()
 
+    def boot_halt_minutes(self, spec: RunSpec) -> int:
+        """The cloud modules arm a halt at boot: max_runtime_minutes plus the configuration allowance."""
+        return spec.max_runtime_minutes + CONFIGURE_ALLOWANCE_MINUTES if self.halts_vm else 0
+
+    def exposure(self, spec: RunSpec) -> list[str]:
+        """The shared interface's firewall: SSH from allowed_ssh_cidrs, tf_port between members, nothing else."""
+        return [f"SSH (22/tcp): from {', '.join(spec.network.allowed_ssh_cidrs)} only",
+                f"TensorFlow gRPC ({spec.network.tf_port}/tcp, no authentication): only between the cluster's nodes",
+                "nothing else inbound; outbound open (packages, S3)"]
+
+    def plan(self, spec: RunSpec, scratch: ClusterState) -> ProviderPlan:
+        """Terraform's plan of the module with the inputs ``up`` gives it, in ``scratch`` (against a copy of
+        the cluster's state when it is up); where the module cannot be planned here, its inputs and resources."""
+        tf = TerraformModule(TERRAFORM_DIR / self.name, scratch.terraform_dir)
+        tf.write_root(self.inputs(spec, scratch.ssh_key.with_suffix(".pub").read_text().strip()))
+        if self.plan_needs:
+            return ProviderPlan(self.plan_nodes(spec), self._unplanned(tf))
+        return self._planned(spec, tf)
+
+    def _planned(self, spec: RunSpec, tf: TerraformModule) -> ProviderPlan:
+        """Terraform's own plan, each node completed from it (type, image, address where it knows them)."""
+        live = self.state.terraform_dir / "terraform.tfstate"
+        if live.exists():
+            shutil.copy2(live, tf.work_dir / live.name)
+        planned = tf.plan()
+        known = [Node.from_dict(d) for d in terraform.planned_output(planned, "nodes") or []]
+        where = {n.name: n.private_ip for n in known}
+        nodes = [replace(n, address=where.get(n.name, ""), **self._planned_node(planned, n.name))
+                 for n in self.plan_nodes(spec)]
+        changes = terraform.resource_changes(planned)
+        lines = [f"terraform plan of terraform/{self.name}/ (in a temporary directory, removed after): "
+                 f"{terraform.summary(changes)}"]
+        lines += [f"  {mark} {address}{self.describe_change(after)}" for mark, address, after in changes]
+        return ProviderPlan(nodes, lines, known)
+
+    @staticmethod
+    def _planned_node(planned: dict, name: str) -> dict:
+        """The instance type and image Terraform plans for a node (its resource keyed by the node's name)."""
+        after = terraform.planned_attributes(planned, name)
+        found = {"instance_type": next((after[k] for k in _TYPE_KEYS if after.get(k)), None),
+                 "image": next((after[k] for k in _IMAGE_KEYS if after.get(k)), None)}
+        return {k: v for k, v in found.items() if v}
+
+    def describe_change(self, after: dict) -> str:
+        """What a planned resource is, in a few words (its type, image, network and ports, where it has them)."""
+        shown = [f"{k} {after[k]}" for k in _SHOWN_KEYS if after.get(k) not in (None, "", [], {})]
+        return f": {', '.join(shown)}" if shown else ""
+
+    def _unplanned(self, tf: TerraformModule) -> list[str]:
+        """Where no plan can run: the module's inputs and resources, and why there is no plan."""
+        root = json.loads((tf.work_dir / "main.tf.json").read_text())["module"]["cluster"]
+        lines = [f"terraform plan: not run: it needs {self.plan_needs}, which plan does not use ('make up' plans "
+                 "and applies with them)", f"terraform/{self.name}/ with the inputs up would give it:"]
+        shown = {k: json.dumps(v) for k, v in root.items() if k != "source"} | {"ssh_public_key": "(the run's key)"}
+        lines += [f"  {key} = {value}" for key, value in shown.items()]
+        lines.append(f"  (instance_types: {tf.variable_description('instance_types')})")
+        lines.append("the module's resources (count / for_each decide how many of each):")
+        width = max((len(r) for r, _ in tf.declared_resources()), default=0)
+        lines += [f"  {res:<{width}}  {' '.join(how.split())}".rstrip() for res, how in tf.declared_resources()]
+        return lines
+
     def leftovers(self) -> list[str]:
         tf = self.module()
         return ["terraform state still lists resources"] if tf.has_resources() else []
+
+
+#: attributes of a planned resource that name a node's instance type / image, or say what it is
+_TYPE_KEYS = ("instance_type", "machine_type", "flavor_name")
+_IMAGE_KEYS = ("ami", "image_id", "image_name")
+_SHOWN_KEYS = (*_TYPE_KEYS, *_IMAGE_KEYS, "cidr_block", "cidr_ipv4", "from_port", "to_port",
+               "referenced_security_group_id")
 
 
 REGISTRY: dict[str, type[Provider]] = {}

@@ -125,6 +125,9 @@ class GcpProvider(TerraformProvider):
     name = "gcp"
     requires_ssh_cidrs = True
     halts_vm = True
+    halt_effect = ("the VM powers off; Compute Engine deletes it when its max_run_duration (the boot-time halt's "
+                   "minutes) has passed")
+    plan_needs = "the hashicorp/google provider and Google Cloud credentials (Application Default Credentials)"
     default_image = DefaultImage("Debian 12 (image family debian-cloud/debian-12)", "3.11", "debian")
     unsupported = {"ipv6": "the VMs get IPv4 addresses only, so SSH sources must be IPv4 CIDR blocks"}
     options_model = GcpOptions

@@ -45,7 +45,7 @@ from ..radl_render import (
     memory_check,
     optional_image_url_check,
 )
-from .base import VM_HALT_MARGIN_MINUTES, Node, Provider, ProviderOptions, register
+from .base import VM_HALT_MARGIN_MINUTES, Node, Provider, ProviderOptions, ProviderPlan, register
 from .local import LocalProvider
 
 DEFAULT_TIMEOUT = 900
@@ -446,16 +446,8 @@ class ImProvider(Provider):
         s = self.settings(spec)
         client = ImClient(s.im_url, Path(s.auth_file))
         say(f"IM {client.version()} at {s.im_url}")
-        adopted = None
-        options = dict(spec.provider_options)
-        if s.adopt_local:
-            local_nodes = LocalProvider(self.state).up(_local_spec(spec), public_key)
-            adopted = [radl_render.AdoptedNode(n.name, n.role, n.index, n.private_ip) for n in local_nodes]
-            user = local_nodes[0].ssh_user  # the base image's user (sudo), as on a cloud image
-            # the adopted systems go to the DeployedNode credential, whatever else the auth file holds
-            options.setdefault("cloud_id", (auth_ids(Path(s.auth_file), "DeployedNode") or [""])[0])
-        else:
-            user = spec.ssh.user or radl_render.DEFAULT_CLOUD_USER
+        local_nodes = LocalProvider(self.state).up(_local_spec(spec), public_key) if s.adopt_local else None
+        adopted, user, options = self._adoption(spec, s, local_nodes)
         private_key = self.state.ssh_key.read_text()
         if not private_key.endswith("\n"):
             private_key += "\n"
@@ -479,6 +471,58 @@ class ImProvider(Provider):
         say(f"IM infrastructure {inf_id}: submitted, {spec.node_total} nodes"
             + (" (adopting the local nodes)" if adopted else ""))
         return self._wait_and_read(client, inf_id, spec, s.timeout, adopted)
+
+    @staticmethod
+    def _adoption(spec: RunSpec, s: ImOptions, local_nodes: list[Node] | None
+                  ) -> tuple[list[radl_render.AdoptedNode] | None, str, dict]:
+        """What the RADL is rendered from besides the spec: the nodes IM adopts (adopt_local: the local
+        nodes), the user IM logs in as, and the options (adopted systems go to the DeployedNode credential)."""
+        options = dict(spec.provider_options)
+        if local_nodes is None:
+            return None, spec.ssh.user or radl_render.DEFAULT_CLOUD_USER, options
+        adopted = [radl_render.AdoptedNode(n.name, n.role, n.index, n.private_ip) for n in local_nodes]
+        # the adopted systems go to the DeployedNode credential, whatever else the auth file holds
+        options.setdefault("cloud_id", (auth_ids(Path(s.auth_file), "DeployedNode") or [""])[0])
+        return adopted, local_nodes[0].ssh_user, options  # the base image's user (sudo), as on a cloud image
+
+    # -- plan -------------------------------------------------------------------------------------------
+    def plan(self, spec: RunSpec, scratch: ClusterState) -> ProviderPlan:
+        """The RADL ``up`` would submit, rendered as up renders it (scratch's keys stand in for the run's and
+        are elided), with the local nodes' plan first under adopt_local. IM is not contacted."""
+        s = self.settings(spec)
+        local = LocalProvider(self.state).plan(_local_spec(spec), scratch) if s.adopt_local else None
+        adopted, user, options = self._adoption(spec, s, local.known if local else None)
+        public_key = scratch.ssh_key.with_suffix(".pub").read_text().strip()
+        radl = radl_render.render(spec, options, adopted=adopted, credentials=radl_render.Credentials(
+            user, public_key, scratch.ssh_key.read_text()))
+        shown = _mask(radl).replace(public_key, "<the run's public key>")
+        lines = [f"IM at {s.im_url}: not contacted; up submits the RADL below to it and waits up to {s.timeout}s "
+                 "for the infrastructure to be configured"]
+        if self._record().get("inf_id"):
+            lines.append(f"recorded IM infrastructure {self._record()['inf_id']}: up reuses it if IM still lists it "
+                         "with these nodes, else destroys it and submits the RADL below")
+        if local:
+            lines += ["the local nodes IM adopts (DeployedNode), made first:", *(f"  {line}" for line in local.creates)]
+        lines.append("RADL (the run's SSH keys elided as <key> and <the run's public key>; up adds tfcluster_token, "
+                     "a random id naming this run's infrastructure):")
+        lines += [f"  {line}".rstrip() for line in shown.splitlines()]
+        return ProviderPlan(local.nodes if local else self.plan_nodes(spec), lines, local.known if local else [])
+
+    def node_type(self, spec: RunSpec, role: str) -> str:
+        opts = self.options_for(spec)
+        return spec.nodes[role].instance_type or f"any with >= {opts.cpu_of(role)} vCPUs, >= {opts.memory_of(role)}"
+
+    def node_image(self, spec: RunSpec, role: str) -> str:
+        return spec.nodes[role].image or self.options_for(spec).image_url or ""
+
+    def exposure(self, spec: RunSpec) -> list[str]:
+        if self.options_for(spec).adopt_local:
+            return LocalProvider(self.state).exposure(_local_spec(spec))
+        cidrs = ", ".join(spec.network.allowed_ssh_cidrs)
+        return [f"public network: SSH (22/tcp) from {cidrs} only (RADL outports "
+                f"{radl_render.outports(spec.network.allowed_ssh_cidrs)})",
+                f"private network (no outbound): TensorFlow gRPC ({spec.network.tf_port}/tcp, no authentication) "
+                "between the cluster's nodes only; it is not opened on the public network"]
 
     def _reusable(self, client: ImClient, rec: dict, spec: RunSpec) -> bool:
         try:

@@ -15,9 +15,9 @@ from pydantic import Field
 from .. import aptproxy, cgroup, image, localnode, store
 from ..config import Checked, RunSpec, whole_number_check
 from ..errors import ConfigError
-from ..paths import cache_root
+from ..paths import ClusterState, cache_root
 from ..tfsupport import DefaultImage
-from .base import Node, ProviderOptions, TerraformProvider, register
+from .base import Node, ProviderOptions, ProviderPlan, TerraformProvider, register
 
 #: auto subnets are 10.231.<k>.0/24 with k from the cluster name; the local store uses 10.231.255.0/24
 AUTO_BASE = "10.231"
@@ -136,6 +136,45 @@ class LocalProvider(TerraformProvider):
 
     def wheelhouse_host(self, spec: RunSpec) -> str | None:
         return str(next(ipaddress.ip_network(subnet_for(spec)).hosts()))  # the bridge's address
+
+    # -- plan ---------------------------------------------------------------------------------------------
+    def plan(self, spec: RunSpec, scratch: ClusterState) -> ProviderPlan:
+        """Terraform's plan of terraform/local (its resources: the bridge, the apt proxy, a namespace per node),
+        after the subnet and the base image up would use."""
+        planned = super().plan(spec, scratch)
+        recipe = image.default_recipe()
+        built = "built already" if image.is_built(recipe) else "not built yet: up builds it first (mmdebstrap, ~30 s)"
+        planned.creates[:0] = [
+            f"subnet {subnet_for(spec)}" + (" (network.subnet auto: from the cluster name)"
+                                           if spec.network.subnet == "auto" else ""),
+            f"base image {image.rootfs(recipe)}: {built}"]
+        return planned
+
+    def describe_change(self, after: dict) -> str:
+        """The module's terraform_data resources by what their input makes (tfcluster.localnode, aptproxy)."""
+        given = after.get("input") or {}
+        if "netns" in given:
+            memory = f", memory cgroup {given['cgroup']} ({given['memory_mb']} MiB)" if given.get("memory_mb") else ""
+            return (f": network namespace {given['netns']} at {given['ip']}/{given['prefix_len']} (veth {given['veth']}"
+                    f"), sshd as {given['ssh_user']}, overlay in {given['node_dir']}{memory}")
+        if "gateway_cidr" in given:
+            return f": bridge {given['bridge']} with address {given['gateway_cidr']}"
+        if "listen_ip" in given:
+            return (f": apt proxy http://{given['listen_ip']}:{given['port']}/ on the bridge, for {given['clients']}, "
+                    f"forwarding {', '.join(given['allowed_hosts'])} only")
+        return super().describe_change(after)
+
+    def node_type(self, spec: RunSpec, role: str) -> str:
+        memory = self.options_for(spec).node_memory_mb
+        return "namespace" + (f", {memory} MiB" if memory else "")
+
+    def exposure(self, spec: RunSpec) -> list[str]:
+        bridge, subnet = localnode.bridge_name(spec.cluster), subnet_for(spec)
+        return [f"nodes on bridge {bridge} ({subnet}) without a default route: SSH (22/tcp) and TensorFlow gRPC "
+                f"({spec.network.tf_port}/tcp) answer on the bridge only, to this machine and the cluster's nodes "
+                "(network.allowed_ssh_cidrs is not used on local)",
+                f"the nodes reach the bridge (the cluster's apt proxy) and the S3 store at {store.store_addr()[0]}, "
+                "nothing else"]
 
     def leftovers(self) -> list[str]:
         found = super().leftovers()

@@ -87,6 +87,8 @@ class OpenstackProvider(TerraformProvider):
     name = "openstack"
     requires_ssh_cidrs = True
     halts_vm = True
+    halt_effect = "the server powers off and stays allocated (SHUTOFF) until 'make down'"
+    plan_needs = "the terraform-provider-openstack/openstack provider and the site's credentials (clouds.yaml)"
     default_image = DefaultImage("Debian 12 (the newest Glance image matching provider_options.image_regex)",
                                  "3.11", "debian")
     unsupported = {

@@ -1,0 +1,149 @@
+"""`make plan` (`tfcluster plan`): what up would create, printed; nothing created; bad input exits 2 as up does.
+
+The local plan runs Terraform's real plan of terraform/local (built-in resources only: nothing to download)
+in a temporary directory; the aws plan is in tests/cloud/test_aws.py, the IM plan in tests/im/test_plan_im.py.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+from tests.unit.test_bad_input import CASES, run_case
+from tests.unit.test_config import _cluster_traces
+from tfcluster import localnode, terraform
+from tfcluster.config import resolve
+from tfcluster.paths import ClusterState
+from tfcluster.plan import time_lines
+from tfcluster.providers.aws import AwsProvider
+from tfcluster.providers.local import LocalProvider, subnet_for
+
+SECTIONS = ("nodes:", "network:", "time limits:", "model and data:", "what up would create:")
+CLUSTER = "tfct-plan"
+
+
+def plan_dirs() -> set[str]:
+    """The temporary directories plan works in (removed when it is done)."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("tfcluster-plan-*")}
+
+
+def assert_nothing_created(home: Path, cluster: str, tmp_before: set[str]) -> None:
+    """No cluster state (no directory, terraform.tfstate or nodes.json), no namespace, bridge or veth of the
+    cluster, and no temporary directory of plan's left behind."""
+    assert not (home / cluster).exists(), sorted(p.name for p in (home / cluster).rglob("*"))
+    assert not [p for p in home.rglob("*") if p.name in ("terraform.tfstate", "nodes.json", ".terraform")]
+    assert _cluster_traces(cluster) == []
+    assert plan_dirs() <= tmp_before
+
+
+def sections_in_order(out: str) -> list[str]:
+    return [s for s in SECTIONS if f"\n{s}\n" in out]
+
+
+def test_plan_local_prints_every_section_and_creates_nothing(home):
+    netns_before = [ns for ns in localnode.list_netns() if ns.startswith(f"tfc_{CLUSTER}_")]
+    tmp_before = plan_dirs()
+    res = run_cli("plan", "--cluster", CLUSTER, "--workers", "3", home=home, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert out.index("nothing has been created") < out.index("\nnodes:\n")
+    assert sections_in_order(out) == list(SECTIONS)
+    spec = resolve(overrides={"cluster": CLUSTER, "nodes.worker.count": 3})
+    subnet, bridge = subnet_for(spec), localnode.bridge_name(CLUSTER)
+    # every node: role, type, image, GPUs and the address Terraform plans for it
+    nodes = [f"{CLUSTER}-ps-0", *(f"{CLUSTER}-worker-{i}" for i in range(3)), f"{CLUSTER}-chief-0"]
+    for pos, name in enumerate(nodes):
+        ip = ipaddress.ip_network(subnet)[10 + pos]
+        assert re.search(rf"^  {name} +\w+ +namespace +Debian 12 \(the local base image\) +0 +{ip}$", out, re.M), out
+        assert f"network namespace tfc_{CLUSTER}_{name} at {ip}/24" in out
+    # what the network exposes, the time limits and the model's place
+    assert f"nodes on bridge {bridge} ({subnet}) without a default route" in out
+    assert "each task ends 60 min after training starts" in out and "never halt themselves" in out
+    assert f"model: s3://tfcluster/runs/{CLUSTER}/<run-id>/ at http://" in out
+    # Terraform's own plan of the local module: the bridge, the apt proxy, one namespace per node
+    assert "terraform plan of terraform/local/ (in a temporary directory, removed after): 7 to add, 0 to change, " \
+           "0 to destroy" in out
+    assert f"bridge {bridge} with address {ipaddress.ip_network(subnet)[1]}/24" in out and f"subnet {subnet}" in out
+    assert [ns for ns in localnode.list_netns() if ns.startswith(f"tfc_{CLUSTER}_")] == netns_before == []
+    assert_nothing_created(home, CLUSTER, tmp_before)
+
+
+PLAN_CASES = [c for c in CASES if c[0] in ("override: workers -1", "gpus on local", "local ssh user",
+                                           "model: bad file name", "file: unknown training key")]
+
+
+@pytest.mark.parametrize("case_id,text,args,field", PLAN_CASES, ids=[c[0] for c in PLAN_CASES])
+def test_plan_bad_input_exits_2_as_up_does_and_creates_nothing(home, tmp_path, case_id, text, args, field):
+    """The configuration's and the provider's checks, as up makes them: one line, exit status 2."""
+    tmp_before = plan_dirs()
+    res = run_case("plan", home, tmp_path, text, args)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0] and "allowed" in lines[0] and "Traceback" not in res.stderr
+    assert "\nnodes:\n" not in res.stdout
+    assert list(home.iterdir()) == []
+    assert_nothing_created(home, "tfct-bad", tmp_before)
+
+
+def test_time_limits_local_never_halts_clouds_halt_at_boot_and_after_the_deadline(tmp_path):
+    local = LocalProvider(ClusterState("x", root=tmp_path))
+    lines = time_lines(resolve(overrides={"max_runtime_minutes": 30}), local, 0.0)
+    assert "each task ends 30 min after training starts" in lines[0]
+    assert "never halt themselves" in lines[1] and len(lines) == 2
+    aws = AwsProvider(ClusterState("x", root=tmp_path))
+    spec = resolve(overrides={"provider": "aws", "storage.bucket": "b-runs", "max_runtime_minutes": 30,
+                              "network.allowed_ssh_cidrs": ["203.0.113.0/24"]})
+    text = "\n".join(time_lines(spec, aws, 0.0))
+    assert "each node halts 90 min after it boots (max_runtime_minutes + 60" in text
+    assert "once training starts each node halts 40 min later (the deadline + 10" in text
+    assert "the instance terminates" in text
+
+
+def test_reading_a_plan_summary_changes_and_outputs():
+    planned = {
+        "resource_changes": [
+            {"address": "a.x", "mode": "managed", "index": "n-ps-0", "change": {"actions": ["create"],
+                                                                             "after": {"instance_type": "t"}}},
+            {"address": "a.y", "mode": "managed", "change": {"actions": ["no-op"], "after": {}}},
+            {"address": "a.z", "mode": "managed", "change": {"actions": ["delete", "create"], "after": {}}},
+            {"address": "a.w", "mode": "managed", "change": {"actions": ["update"], "after": {}}},
+            {"address": "d.v", "mode": "data", "change": {"actions": ["read"], "after": {}}},
+        ],
+        "planned_values": {"outputs": {"known": {"value": [1]}, "later": {}}},
+        "output_changes": {"known": {"after_unknown": False}, "later": {"after_unknown": True}},
+    }
+    changes = terraform.resource_changes(planned)
+    assert [(mark, address) for mark, address, _ in changes] == [("+", "a.x"), ("-/+", "a.z"), ("~", "a.w")]
+    assert terraform.summary(changes) == "2 to add, 1 to change, 1 to destroy"
+    assert terraform.planned_output(planned, "known") == [1]
+    assert terraform.planned_output(planned, "later") is None
+    assert terraform.planned_attributes(planned, "n-ps-0") == {"instance_type": "t"}
+
+
+def test_make_plan_passes_up_knobs_and_is_in_the_help():
+    res = subprocess.run(["make", "-n", "plan", "VENV=/nonexistent", "CLUSTER=c1", "PROVIDER=local", "PS=2",
+                          "WORKERS=3", "STEPS=9", "CONFIG=x.yml"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert "/nonexistent/bin/tfcluster plan --config x.yml --cluster c1 --provider local --ps 2 --workers 3 " \
+           "--steps 9" in res.stdout, res.stdout + res.stderr
+    res = subprocess.run(["make", "help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert re.search(r"plan .*creating nothing", res.stdout), res.stdout
+
+
+def test_plan_refuses_a_model_module_up_would_refuse(home, tmp_path):
+    """The model module check up makes before creating anything (its interface, in a subprocess)."""
+    model = tmp_path / "nobuild.py"
+    model.write_text("def make_dataset():\n    return None\n")
+    tmp_before = plan_dirs()
+    res = run_cli("plan", "--cluster", CLUSTER, "--set", f"training.model={model}", home=home, timeout=180)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nobuild.py" in lines[0] and "build_model" in lines[0], res.stderr
+    assert "\nnodes:\n" not in res.stdout
+    assert_nothing_created(home, CLUSTER, tmp_before)
