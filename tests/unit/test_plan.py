@@ -128,10 +128,10 @@ def test_reading_a_plan_summary_changes_and_outputs():
 
 def test_make_plan_passes_up_knobs_and_is_in_the_help():
     res = subprocess.run(["make", "-n", "plan", "VENV=/nonexistent", "CLUSTER=c1", "PROVIDER=local", "PS=2",
-                          "WORKERS=3", "STEPS=9", "CONFIG=x.yml"], cwd=REPO, capture_output=True, text=True,
-                         timeout=60)
-    assert "/nonexistent/bin/tfcluster plan --config x.yml --cluster c1 --provider local --ps 2 --workers 3 " \
-           "--steps 9" in res.stdout, res.stdout + res.stderr
+                          "WORKERS=3", "STEPS=9", "CONFIG=x.yml", "STRATEGY=parameter_server"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert "/nonexistent/bin/tfcluster plan --config x.yml --cluster c1 --provider local --set " \
+           "strategy=parameter_server --ps 2 --workers 3 --steps 9" in " ".join(res.stdout.split()), res.stdout
     res = subprocess.run(["make", "help"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert re.search(r"plan .*creating nothing", res.stdout), res.stdout
 
