@@ -147,3 +147,17 @@ def example_settings(**overrides) -> dict:
         cluster = settings["tf_config"]["cluster"]
         settings["tf_config"]["cluster"] = {job: addrs for job, addrs in cluster.items() if job in shape}
     return settings
+
+
+def read_scalars(directory: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` of every scalar summary in the TensorBoard event files under
+    ``directory``, in the order written (files by name)."""
+    import tensorflow as tf
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(Path(directory).rglob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                number = float(tf.make_ndarray(value.tensor)) if value.HasField("tensor") else value.simple_value
+                scalars.setdefault(value.tag, []).append((event.step, number))
+    return scalars
