@@ -80,6 +80,7 @@ tensorboard: $(BOOTSTRAP) ## TensorBoard on 127.0.0.1 for the cluster's runs in 
 ##@ Development
 .PHONY: test
 test: $(BOOTSTRAP) ## Run the whole test suite (unit, lint, integration, end to end)
+	VENV=$(VENV) ./scripts/bootstrap.sh --test
 	$(VENV)/bin/pytest $(PYTEST_ARGS) tests
 
 .PHONY: lint
