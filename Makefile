@@ -13,6 +13,8 @@ WORKERS ?=
 STEPS ?=
 FORCE ?=
 NODE ?=
+RUN ?=
+PORT ?=
 VENV ?= .venv
 PYTEST_ARGS ?=
 STRATEGIES ?=
@@ -77,9 +79,14 @@ status: $(BOOTSTRAP) ## Nodes, roles, addresses, SSH and training state
 logs: $(BOOTSTRAP) ## Show a node's log: make logs NODE=tfc-chief-0
 	$(TFCLUSTER) logs $(CONFIG_ARGS) $(NODE)
 
+.PHONY: tensorboard
+tensorboard: $(BOOTSTRAP) ## TensorBoard on 127.0.0.1 for the cluster's runs in S3 (RUN=id: one run; PORT=n), until Ctrl-C
+	$(TFCLUSTER) tensorboard $(CONFIG_ARGS) $(if $(RUN),--run $(RUN)) $(if $(PORT),--port $(PORT))
+
 ##@ Development
 .PHONY: test
 test: $(BOOTSTRAP) ## Run the whole test suite (unit, lint, integration, end to end)
+	VENV=$(VENV) ./scripts/bootstrap.sh --test
 	$(VENV)/bin/pytest $(PYTEST_ARGS) tests
 
 .PHONY: lint

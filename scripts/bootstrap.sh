@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up this machine for tfcluster: the apt packages the local provider needs and the controller's
 # virtual environment (.venv). Safe to re-run; it does only what is missing.
+# --test: also what only the test suite uses (`make test` passes it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +10,11 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 # mmdebstrap: builds the local nodes' base image (bare Debian 12) once; the nodes run that image's own
 # sshd, python3 and apt, so this host needs no sshd. openssh-client: ssh and ssh-keygen; python3-venv: .venv.
 APT_PACKAGES=(mmdebstrap openssh-client iproute2 python3-venv procps util-linux)
+# chromium: the tests load TensorBoard's page in headless Chromium (Debian's package: no browser download)
+TEST_APT_PACKAGES=(chromium)
+if [ "${1:-}" = "--test" ]; then
+  APT_PACKAGES+=("${TEST_APT_PACKAGES[@]}")
+fi
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -192,6 +192,12 @@ def cmd_example_data(args) -> int:
     return 0
 
 
+def cmd_tensorboard(args) -> int:
+    from . import tensorboard
+
+    return tensorboard.show(spec_from_args(args), run=args.run, port=args.port)
+
+
 def cmd_reference(args) -> int:
     print(config.reference())
     return 0
@@ -202,6 +208,12 @@ def cmd_schema(args) -> int:
 
     print(json.dumps(cluster_file_schema(), indent=2))
     return 0
+
+
+def _port(value: str) -> int:
+    if not value.isdigit() or int(value) > 65535:
+        raise argparse.ArgumentTypeError(f"got {value!r}; allowed: a TCP port from 0 (a free one) to 65535")
+    return int(value)
 
 
 def _down_on_failure_args(p: argparse.ArgumentParser) -> None:
@@ -243,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("node", help="node name, e.g. tfc-chief-0 ('make status' lists them)")
     p.add_argument("-n", "--lines", type=int, default=200)
+    p = add("tensorboard", cmd_tensorboard, "fetch the TensorBoard events of the cluster's runs from S3 and serve "
+                                            "them on 127.0.0.1 until Ctrl-C")
+    _config_args(p)
+    p.add_argument("--run", help="only this run (a run id; default: every run of the cluster in S3)")
+    p.add_argument("--port", type=_port, default=0, help="TCP port on 127.0.0.1 (default 0: a free one)")
     p = add("store", cmd_store, "the local S3-compatible store (outlives clusters)")
     p.add_argument("action", choices=["start", "stop", "status"])
     p.add_argument("--force", action="store_true", help="stop: even while clusters are up")

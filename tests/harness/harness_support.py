@@ -147,3 +147,29 @@ def example_settings(**overrides) -> dict:
         cluster = settings["tf_config"]["cluster"]
         settings["tf_config"]["cluster"] = {job: addrs for job, addrs in cluster.items() if job in shape}
     return settings
+
+
+def read_scalars(directory: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` of every scalar summary in the TensorBoard event files under
+    ``directory``, in the order written (files by name)."""
+    import tensorflow as tf
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(Path(directory).rglob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                number = float(tf.make_ndarray(value.tensor)) if value.HasField("tensor") else value.simple_value
+                scalars.setdefault(value.tag, []).append((event.step, number))
+    return scalars
+
+
+def s3_scalars(client, bucket: str, run_prefix: str, dest: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """:func:`read_scalars` of the event files a run copied to ``<run_prefix>/tensorboard/`` (downloaded to
+    ``dest``); an AssertionError when there are none."""
+    from tfc_harness import s3io
+
+    keys = list(s3io.list_keys(client, bucket, f"{run_prefix}/tensorboard"))
+    assert keys, f"no TensorBoard events in s3://{bucket}/{run_prefix}/tensorboard/"
+    for key in keys:
+        s3io.download_file(client, bucket, key, Path(dest) / key.rsplit("/", 1)[-1])
+    return read_scalars(dest)

@@ -2,7 +2,8 @@
 
 One test keeps the suite fast: the first chief trains to step FIRST_STEPS and publishes run A; a second
 chief with the same checkpoint prefix resumes at that step, trains to STEPS and publishes run B, which is
-read back and evaluated in a fresh process.
+read back and evaluated in a fresh process. Both runs' TensorBoard events are read back from S3.
+Nodes run as on a cluster: neither scikit-learn nor TensorBoard importable.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness_support import TRAIN_DIR, free_port, node_env, render_entry
+from harness_support import TRAIN_DIR, free_port, node_env, render_entry, s3_scalars
 from tfc_harness import data, publish, verify
 
 # Defaults recommended for the digits model: ~300 steps reach >= 0.95 test accuracy in a few seconds of
@@ -54,16 +55,20 @@ def make_settings(endpoint: str, tf_cluster: dict, role: str, index: int, state_
     }
 
 
+NOT_ON_NODES = ("sklearn", "tensorboard")   # packages the controller has and the nodes lack
+
+
 def start_node(processes, tmp_path: Path, name: str, settings: dict):
-    """Render the entry script and run it like a node would: no scikit-learn importable."""
-    blocker = tmp_path / "no-sklearn" / "sklearn"
-    if not blocker.exists():
-        blocker.mkdir(parents=True)
-        (blocker / "__init__.py").write_text("raise ImportError('scikit-learn is not installed on nodes')\n")
+    """Render the entry script and run it like a node would: no scikit-learn or TensorBoard importable."""
+    blockers = tmp_path / "not-on-nodes"
+    for package in NOT_ON_NODES:
+        if not (blockers / package).exists():
+            (blockers / package).mkdir(parents=True)
+            (blockers / package / "__init__.py").write_text(f"raise ImportError('{package} is not on nodes')\n")
     script = tmp_path / "entry" / f"{name}.py"
     script.parent.mkdir(exist_ok=True)
     script.write_text(render_entry(TRAIN_DIR, settings))
-    env = node_env({"PYTHONPATH": str(blocker.parent)})
+    env = node_env({"PYTHONPATH": str(blockers)})
     return processes.start(name, [sys.executable, str(script)], env=env, cwd=str(tmp_path))
 
 
@@ -79,6 +84,20 @@ def wait_serving(processes, state_dirs: dict[str, Path], timeout_s: float) -> No
                 del pending[name]
         time.sleep(0.2)
     assert not pending, f"not serving after {timeout_s}s: {sorted(pending)}"
+
+
+def check_events(client, run_prefix: str, dest: Path, *, first_step: int, last_step: int) -> dict:
+    """The run's TensorBoard events in S3: training scalars from ``first_step`` (a resumed run starts after
+    its checkpoint) to ``last_step``, each metric of the evaluation at ``last_step``."""
+    scalars = s3_scalars(client, BUCKET, run_prefix, dest)
+    assert set(scalars) == {"train/loss", "train/learning_rate", "train/examples_per_sec", "test/loss",
+                            "test/accuracy"}, scalars
+    steps = [step for step, _ in scalars["train/loss"]]
+    assert first_step <= steps[0] and steps[-1] == last_step and steps == sorted(steps), steps
+    assert all(value == pytest.approx(LEARNING_RATE) for _, value in scalars["train/learning_rate"])
+    assert all(value > 0 for _, value in scalars["train/examples_per_sec"] + scalars["train/loss"])
+    assert [step for step, _ in scalars["test/accuracy"]] == [last_step] == [s for s, _ in scalars["test/loss"]]
+    return scalars
 
 
 def test_train_resume_publish_verify(moto_endpoint, s3_client, processes, tmp_path):
@@ -108,6 +127,7 @@ def test_train_resume_publish_verify(moto_endpoint, s3_client, processes, tmp_pa
     assert f"checkpoint saved at step {FIRST_STEPS}" in log_a
     assert "resumed from checkpoint" not in log_a
     assert publish.published(s3_client, BUCKET, "runs/e2e/a")
+    check_events(s3_client, "runs/e2e/a", tmp_path / "events-a", first_step=1, last_step=FIRST_STEPS)
 
     # Second chief, same checkpoint prefix: resumes at FIRST_STEPS and finishes run "b".
     start_node(processes, tmp_path, "chief-b", make_settings(
@@ -128,6 +148,10 @@ def test_train_resume_publish_verify(moto_endpoint, s3_client, processes, tmp_pa
     manifest = json.loads((tmp_path / "verify-b" / "manifest.json").read_text())
     assert set(result["files"]) == set(manifest["files"])
     assert "model/saved_model.pb" in manifest["files"]
+    assert not [key for key in manifest["files"] if not key.startswith("model/")]   # no event file listed
+    events = check_events(s3_client, "runs/e2e/b", tmp_path / "events-b", first_step=FIRST_STEPS + 1,
+                          last_step=STEPS)
+    assert events["test/accuracy"][0][1] == pytest.approx(result["published"]["test_accuracy"], abs=1e-6)
     for key in manifest["files"]:
         assert (tmp_path / "verify-b" / key).is_file()
     metrics = result["published"]

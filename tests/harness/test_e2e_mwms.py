@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from harness_support import TRAIN_DIR, free_port
-from test_e2e import BUCKET, CHIEF_TIMEOUT_S, FIRST_STEPS, STEPS, make_settings, start_node
+from test_e2e import BUCKET, CHIEF_TIMEOUT_S, FIRST_STEPS, STEPS, check_events, make_settings, start_node
 from tfc_harness import data, publish, verify
 
 pytestmark = [pytest.mark.e2e,
@@ -72,6 +72,11 @@ def test_all_reduce_train_resume_publish_verify(moto_endpoint, s3_client, proces
     assert status["metric"] == "test_accuracy" and status["value"] >= 0.9, status
     worker_status = json.loads((tmp_path / "nodes" / "worker1" / "status.json").read_text())
     assert worker_status["role"] == "worker" and worker_status["phase"] == "done"
+    # only the chief writes TensorBoard events; they are in S3 with the run
+    assert (tmp_path / "nodes" / "chief" / "tensorboard" / "b").is_dir()
+    assert not [p for _, _, name in TASKS[1:] for p in (tmp_path / "nodes" / name).glob("tensorboard")]
+    events = check_events(s3_client, "runs/e2e/b", tmp_path / "events-b", first_step=FIRST_STEPS + 1,
+                          last_step=STEPS)
 
     module = str(TRAIN_DIR / "models" / "digits.py")
     result = verify.verify_run(s3_client, BUCKET, "runs/e2e/b", tmp_path / "verify-b", module, dataset)
@@ -81,3 +86,4 @@ def test_all_reduce_train_resume_publish_verify(moto_endpoint, s3_client, proces
     assert metrics["restored_from_step"] == FIRST_STEPS and metrics["steps"] == STEPS and metrics["workers"] == 3
     assert abs(metrics["test_accuracy"] - result["metrics"]["test_accuracy"]) <= verify.TOLERANCE
     assert abs(metrics["test_loss"] - result["metrics"]["test_loss"]) <= verify.TOLERANCE
+    assert events["test/accuracy"][0][1] == pytest.approx(metrics["test_accuracy"], abs=1e-6)

@@ -62,3 +62,13 @@ def test_peer_monitor_counts_losses_and_rejoins():
     with socket.create_server(("127.0.0.1", int(address.rsplit(":", 1)[1]))):
         monitor.probe()
     assert monitor.rejoins == {"worker/0": 1}
+
+
+def test_each_progress_line_is_reported_to_the_summaries(tmp_path):
+    reported = []
+    state = ChiefState(tmp_path, total=40)
+    loop.train(lambda n: [0.25] * n, state, examples_per_step=4, checkpoint_every=20, save=lambda step: None,
+               steps_per_call=10, on_report=lambda *args: reported.append(args))
+    # a line about once a second, and always at the last step: a fast loop reports only that one
+    assert [(step, loss) for step, loss, _ in reported] == [(40, 0.25)]
+    assert reported[-1][2] > 0

@@ -92,6 +92,10 @@ def test_upload_download_exists_list(s3_client, tmp_path):
     s3io.upload_bytes(s3_client, b"hello", "iobucket", "p/g.txt")
     assert s3io.exists(s3_client, "iobucket", "p/q/f.bin") and not s3io.exists(s3_client, "iobucket", "p/none")
     assert sorted(s3io.list_keys(s3_client, "iobucket", "p")) == ["p/g.txt", "p/q/f.bin"]
+    assert {o["Key"]: o["Size"] for o in s3io.list_objects(s3_client, "iobucket", "p/")} == {
+        "p/g.txt": 5, "p/q/f.bin": 1000}
+    assert s3io.list_folders(s3_client, "iobucket", "p") == ["q"]
+    assert s3io.list_folders(s3_client, "iobucket", "x") == []
     out = s3io.download_file(s3_client, "iobucket", "p/q/f.bin", tmp_path / "d" / "f.bin")
     assert out.read_bytes() == b"x" * 1000 and not list((tmp_path / "d").glob(".*"))
     with pytest.raises(s3io.TransferError, match="s3://iobucket/p/none"):

@@ -16,8 +16,12 @@ and only the chief concludes (steps 5 and 6).
    (:mod:`tfc_harness.evaluate`);
 6. export a SavedModel and publish it with its metrics (:mod:`tfc_harness.publish`).
 
+The chief writes TensorBoard summaries of training (at each progress line) and of the evaluation, copied to
+S3 with each checkpoint, before publishing and when the run fails (:mod:`tfc_harness.summaries`).
+
 A runtime watchdog ends the process with exit code 3 once ``max_runtime_s`` has passed, whatever it is
-blocked on; any other failure is reported in status.json and ends it with exit code 1.
+blocked on; any other failure is reported in status.json, the summaries so far are copied to S3, and it
+ends with exit code 1.
 """
 
 from __future__ import annotations
@@ -38,10 +42,12 @@ from .settings import Settings
 from .status import ChiefState
 from .steps import make_replica_step
 from .strategies import Strategy
+from .summaries import NoSummaries, Summaries, learning_rate_of
 
 # Kept importable from here: the exit codes the node's supervisor and the controller read.
 TIMEOUT_EXIT_CODE = watchdogs.TIMEOUT_EXIT_CODE
 STALL_EXIT_CODE = watchdogs.STALL_EXIT_CODE
+FAILURE_UPLOAD_TRIES = 2   # a failed run's TensorBoard events: the store may be what failed, do not linger
 
 
 def log(msg: str) -> None:
@@ -58,6 +64,7 @@ class Job:
     loss: object
     input: object
     hparams: dict
+    summaries: NoSummaries = dataclasses.field(default_factory=NoSummaries)   # the chief's TensorBoard events
     example_shape: tuple[int, ...] | None = None
     local_model: object = None
     feed: object = None   # this task's data stream, when it reads its own share (kept alive while training)
@@ -69,12 +76,14 @@ def run(settings: Settings, strategy: Strategy) -> int:
     state = ChiefState(settings.state_dir, settings.steps, role=settings.role)
     watchdog = watchdogs.start_runtime_watchdog(state, settings.max_runtime_s, settings.steps)
     started = time.monotonic()
+    summaries = Summaries.for_task(settings, strategy)
     try:
-        return _run(settings, strategy, state, started)
+        return _run(settings, strategy, state, started, summaries)
     except Exception as exc:
         phase, msg = state.phase, f"{type(exc).__name__}: {exc}"
         state.report("failed", error=msg)
         print(f"ERROR: chief failed in phase {phase!r}: {msg}", file=sys.stderr, flush=True)
+        summaries.upload(tries=FAILURE_UPLOAD_TRIES)   # best effort, after the error is out
         return 1
     finally:
         watchdog.cancel()
@@ -90,11 +99,13 @@ class Trained:
     monitor: PeerMonitor
 
 
-def _run(settings: Settings, strategy: Strategy, state: ChiefState, started: float) -> int:
+def _run(settings: Settings, strategy: Strategy, state: ChiefState, started: float,
+         summaries: NoSummaries) -> int:
     state.report("starting")
     client = s3io.client_from_settings(settings)
     refuse_published(client, settings)
     job = load_job(client, settings, strategy)
+    job.summaries = summaries
     trained = train(settings, strategy, state, client, job, started)
     if not strategy.publishes():
         state.report("done")
@@ -115,8 +126,14 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
     if job.example_shape is None:
         check_job(job)
     model, optimizer = build_distributed(strategy, job, settings.learning_rate)
+    job.summaries.watch_learning_rate(learning_rate_of(optimizer))
     saver = Saver(strategy, client, model, optimizer)
     restored = state.step = saver.restore()
+
+    def save(step: int) -> None:
+        saver.save(step)
+        job.summaries.upload()      # with each checkpoint: a run in progress can be looked at
+
     train_fn = strategy.make_train_fn(make_replica_step(model, optimizer, job.loss),
                                       strategy.make_dataset(job.input.dataset_fn(settings.batch_size)))
     log(f"training {settings.steps - restored} steps on {settings.num_training_tasks} training tasks "
@@ -124,14 +141,16 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
     with PeerMonitor(settings.peers()) as monitor, \
             watchdogs.StallWatchdog(state, settings.stall_timeout_s or watchdogs.DEFAULT_STALL_TIMEOUT_S):
         train_seconds = loop.train(train_fn, state, examples_per_step=strategy.examples_per_step(),
-                                   checkpoint_every=settings.checkpoint_every, save=saver.save,
-                                   steps_per_call=strategy.steps_per_call())
+                                   checkpoint_every=settings.checkpoint_every, save=save,
+                                   steps_per_call=strategy.steps_per_call(), on_report=job.summaries.training)
     return Trained(model, restored, train_seconds, monitor)
 
 
 def conclude(settings: Settings, strategy: Strategy, state: ChiefState, client, job: Job, trained: Trained) -> None:
     """The chief's part after training: evaluate, then export and publish with the run's metrics."""
     metrics = evaluate(state, job, trained.model)
+    job.summaries.evaluation(settings.steps, metrics)
+    job.summaries.upload()
     run_metrics = dict(metrics, **training_metrics(settings, strategy, trained), data=job.input.describe())
     publish_model(client, settings, state, job, run_metrics, strategy.checkpoint_dir())
 

@@ -32,21 +32,26 @@ def next_chunk(done: int, took_s: float, target_s: float = CHUNK_TARGET_S) -> in
     return max(1, int(done * target_s / max(took_s, 1e-3)))
 
 
-def _report(state: ChiefState, progress: Progress, step: int, losses: list[float]) -> None:
+def _report(state: ChiefState, progress: Progress, step: int, losses: list[float],
+            on_report: Callable[[int, float, float], None] | None) -> None:
     state.step = step
     state.loss = sum(losses) / len(losses)
     state.examples_per_sec = progress.examples_per_sec(step)
     if progress.due() or step == state.total:
         log(progress.line(step, state.loss))
         state.report()
+        if on_report:
+            on_report(step, state.loss, state.examples_per_sec)
 
 
 def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples_per_step: int,
-          checkpoint_every: int, save: Callable[[int], None], steps_per_call: int | None = None) -> float:
+          checkpoint_every: int, save: Callable[[int], None], steps_per_call: int | None = None,
+          on_report: Callable[[int, float, float], None] | None = None) -> float:
     """Run ``train_fn`` from ``state.step`` to ``state.total``; returns the seconds spent training.
 
     ``steps_per_call`` fixes the chunk size (a synchronous strategy's tasks must all call ``train_fn`` with
-    the same sequence of step counts); None adapts it to how long calls take."""
+    the same sequence of step counts); None adapts it to how long calls take.  ``on_report(step, loss,
+    examples_per_sec)`` is called with each progress line (the TensorBoard summaries)."""
     step, total = state.step, state.total
     progress = Progress(total, examples_per_step, start_step=step)
     state.report("training")
@@ -58,7 +63,7 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
         losses = train_fn(n)
         step += n
         chunk = steps_per_call or next_chunk(n, time.monotonic() - started)
-        _report(state, progress, step, losses)
+        _report(state, progress, step, losses, on_report)
         if step == boundary:
             save(step)
     return progress.elapsed()

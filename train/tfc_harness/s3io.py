@@ -193,13 +193,27 @@ def etag(client, bucket: str, key: str, **retry) -> str | None:
     return str(found[0].get("ETag", "")).strip('"') if found else None
 
 
-def list_keys(client, bucket: str, prefix: str) -> Iterator[str]:
-    """Every key under ``prefix/`` (the prefix is treated as a folder)."""
+def list_objects(client, bucket: str, prefix: str) -> Iterator[dict]:
+    """The listing entry (``Key``, ``Size``, ``ETag``...) of every object under ``prefix/`` (a folder)."""
     folder = prefix.strip("/") + "/"
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder)
     for page in with_retries(lambda: list(pages), f"list s3://{bucket}/{folder}"):
-        for obj in page.get("Contents", []):
-            yield obj["Key"]
+        yield from page.get("Contents", [])
+
+
+def list_keys(client, bucket: str, prefix: str) -> Iterator[str]:
+    """Every key under ``prefix/`` (the prefix is treated as a folder)."""
+    for obj in list_objects(client, bucket, prefix):
+        yield obj["Key"]
+
+
+def list_folders(client, bucket: str, prefix: str) -> list[str]:
+    """The names of the folders directly under ``prefix/`` (``runs/c/`` -> ``["run1", "run2"]``), sorted."""
+    folder = prefix.strip("/") + "/"
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder, Delimiter="/")
+    return sorted(common["Prefix"][len(folder):].strip("/")
+                  for page in with_retries(lambda: list(pages), f"list s3://{bucket}/{folder}")
+                  for common in page.get("CommonPrefixes", []))
 
 
 def _multi_delete_refused(exc: ClientError) -> bool:
