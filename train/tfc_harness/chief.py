@@ -34,7 +34,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import evaluate as evaluation
-from . import inputs, loop, publish, s3io, unpublished, usermodel, watchdogs
+from . import inputs, loop, preemption, publish, s3io, unpublished, usermodel, watchdogs
 from .errors import HarnessError
 from .peers import PeerMonitor
 from .saver import Saver
@@ -72,13 +72,19 @@ class Job:
 
 def run(settings: Settings, strategy: Strategy) -> int:
     """Train; the chief then evaluates and publishes.  Returns 0 only after training (and, on the chief,
-    ``_SUCCESS``) was written, 1 on failure."""
+    ``_SUCCESS``) was written, :data:`tfc_harness.preemption.PREEMPTED_EXIT_CODE` after saving the step reached
+    on a preemption notice, 1 on failure."""
     state = ChiefState(settings.state_dir, settings.steps, role=settings.role)
     watchdog = watchdogs.start_runtime_watchdog(state, settings.max_runtime_s, settings.steps)
     started = time.monotonic()
     summaries = Summaries.for_task(settings, strategy)
     try:
         return _run(settings, strategy, state, started, summaries)
+    except preemption.Preempted as exc:
+        state.report("preempted", error=str(exc))
+        log(f"{settings.role} {settings.index}: {exc}; ending (the next train resumes from it)")
+        summaries.upload(tries=FAILURE_UPLOAD_TRIES)
+        return preemption.PREEMPTED_EXIT_CODE
     except Exception as exc:
         phase, msg = state.phase, f"{type(exc).__name__}: {exc}"
         state.report("failed", error=msg)
@@ -138,11 +144,16 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
                                       strategy.make_dataset(job.input.dataset_fn(settings.batch_size)))
     log(f"training {settings.steps - restored} steps on {settings.num_training_tasks} training tasks "
         f"(batch {settings.batch_size}, learning rate {settings.learning_rate})")
+    if strategy.publishes():
+        preemption.clear(client, settings)    # an earlier attempt's notices are not this one's
+    watch_s3 = client if strategy.publishes() and strategy.has_serving_tasks else None   # their markers
     with PeerMonitor(settings.peers()) as monitor, \
-            watchdogs.StallWatchdog(state, settings.stall_timeout_s or watchdogs.DEFAULT_STALL_TIMEOUT_S):
+            watchdogs.StallWatchdog(state, settings.stall_timeout_s or watchdogs.DEFAULT_STALL_TIMEOUT_S), \
+            preemption.Notices(settings, watch_s3, strategy.agree_to_stop) as notices:
         train_seconds = loop.train(train_fn, state, examples_per_step=strategy.examples_per_step(),
                                    checkpoint_every=settings.checkpoint_every, save=save,
-                                   steps_per_call=strategy.steps_per_call(), on_report=job.summaries.training)
+                                   steps_per_call=strategy.steps_per_call(), on_report=job.summaries.training,
+                                   notices=notices)
     return Trained(model, restored, train_seconds, monitor)
 
 

@@ -46,12 +46,14 @@ def _report(state: ChiefState, progress: Progress, step: int, losses: list[float
 
 def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples_per_step: int,
           checkpoint_every: int, save: Callable[[int], None], steps_per_call: int | None = None,
-          on_report: Callable[[int, float, float], None] | None = None) -> float:
+          on_report: Callable[[int, float, float], None] | None = None, notices=None) -> float:
     """Run ``train_fn`` from ``state.step`` to ``state.total``; returns the seconds spent training.
 
     ``steps_per_call`` fixes the chunk size (a synchronous strategy's tasks must all call ``train_fn`` with
     the same sequence of step counts); None adapts it to how long calls take.  ``on_report(step, loss,
-    examples_per_sec)`` is called with each progress line (the TensorBoard summaries)."""
+    examples_per_sec)`` is called with each progress line (the TensorBoard summaries).  ``notices``
+    (:class:`tfc_harness.preemption.Notices`) is asked after each chunk: on a preemption notice the step
+    reached is saved at once and :class:`tfc_harness.preemption.Preempted` raised."""
     step, total = state.step, state.total
     progress = Progress(total, examples_per_step, start_step=step)
     state.report("training")
@@ -66,4 +68,10 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
         _report(state, progress, step, losses, on_report)
         if step == boundary:
             save(step)
+        if notices is not None and step < total and notices.stop_now():
+            from .preemption import Preempted
+
+            if step != boundary:
+                save(step)
+            raise Preempted(step, notices.who)
     return progress.elapsed()

@@ -28,6 +28,7 @@ STEPS_PER_CALL = 20
 class MultiWorkerMirrored(Strategy):
     name = "multi_worker_mirrored"
     connects_before_tensorflow = True
+    has_serving_tasks = False
 
     def runs_loop(self) -> bool:
         return True
@@ -76,6 +77,21 @@ class MultiWorkerMirrored(Strategy):
             return [float(train_steps(tf.constant(n, tf.int64)))]
 
         return train
+
+    def agree_to_stop(self, flag: bool) -> bool:
+        """Any task's notice stops every task at the same step (an all-reduce of the flags, once per call)."""
+        import tensorflow as tf
+
+        if not hasattr(self, "_any"):
+            strategy = self.tf_strategy
+
+            @tf.function
+            def any_flag(value):
+                per_replica = strategy.run(lambda v: tf.identity(v), args=(value,))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+            self._any = any_flag
+        return bool(self._any(tf.constant(1 if flag else 0, tf.int32)))
 
     def steps_per_call(self) -> int:
         return STEPS_PER_CALL

@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from . import preemption, strategies
 from . import settings as settings_mod
-from . import strategies
 from .status import write_status
 
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -44,8 +44,10 @@ def serve(strategy: strategies.Strategy) -> int:
 
 def main(raw_settings: dict) -> int:
     """Run this node's part; returns the process exit code (0 success, 1 failure, 2 bad settings,
-    3 chief timeout, 4 chief stalled).  Serving tasks only return on failure: they serve until killed."""
+    3 chief timeout, 4 chief stalled, 5 preempted after saving).  Serving tasks only return on failure: they
+    serve until killed (SIGINT, SIGKILL; SIGTERM and SIGUSR1 are a preemption notice)."""
     os.environ.update(TF_ENV)
+    preemption.listen()
     try:
         settings = settings_mod.validate(raw_settings)
     except settings_mod.SettingsError as exc:

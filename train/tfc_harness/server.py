@@ -2,14 +2,14 @@
 
 A ``parameter_server`` worker prepares its data first (:mod:`tfc_harness.inputs`), so a worker that
 accepts connections always has its data (or is streaming it).  A serving task never exits by itself: the
-playbook stops it.  While it serves, its status.json is refreshed with the data stream's figures (bytes,
-MB/s, epoch), which ``make status`` and the progress lines show.
+playbook stops it.  A preemption notice (SIGUSR1 from the node's supervisor, or SIGTERM) is passed on to
+the chief through S3 (:mod:`tfc_harness.preemption`).  While it serves, its status.json is refreshed with
+the data stream's figures (bytes, MB/s, epoch), which ``make status`` and the progress lines show.
 """
 
 from __future__ import annotations
 
-import time
-
+from . import preemption, s3io
 from .settings import Settings
 from .status import write_status
 
@@ -17,7 +17,7 @@ STATUS_EVERY_S = 5.0
 
 
 def serve(settings: Settings, feed=None) -> int:
-    """Start the server from TF_CONFIG (already set by the runner), report ``serving`` and block forever.
+    """Start the server from TF_CONFIG (already set by the runner), report ``serving`` and serve until killed.
 
     ``feed`` is a worker's data stream (anything with ``stats() -> dict``), or None."""
     import tensorflow as tf
@@ -28,8 +28,9 @@ def serve(settings: Settings, feed=None) -> int:
     address = settings.cluster_spec[settings.role][settings.index]
     write_status(settings.state_dir, role=settings.role, phase="serving", address=address)
     print(f"{settings.role} {settings.index}: serving on {address}", flush=True)
-    if feed is None:
-        server.join()
-    while True:
-        time.sleep(STATUS_EVERY_S)
-        write_status(settings.state_dir, role=settings.role, phase="serving", address=address, data=feed.stats())
+    while server is not None:   # always: `server` stays referenced, it serves as long as this process lives
+        if preemption.NOTICE.wait(STATUS_EVERY_S):   # a preemption notice: tell the chief, which saves at once
+            preemption.NOTICE.clear()
+            preemption.mark(s3io.client_from_settings(settings), settings)
+        extra = {"data": feed.stats()} if feed is not None else {}
+        write_status(settings.state_dir, role=settings.role, phase="serving", address=address, **extra)

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PHASES = ("starting", "training", "evaluating", "publishing", "done", "failed", "serving")
+PHASES = ("starting", "training", "evaluating", "publishing", "done", "failed", "serving", "preempted")
 STATUS_FILE = "status.json"
 
 

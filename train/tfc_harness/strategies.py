@@ -108,6 +108,9 @@ class Strategy(abc.ABC):
     # the harness runs any TensorFlow op (the model check waits until then; data preparation uses none).
     connects_before_tensorflow: bool = False
 
+    #: whether some of the strategy's tasks only serve (they report a preemption notice through S3)
+    has_serving_tasks = True
+
     def __init__(self, settings):
         self.settings = settings
 
@@ -177,6 +180,11 @@ class Strategy(abc.ABC):
     def examples_per_step(self) -> int:
         """Training examples one step consumes (for examples/s)."""
         return self.settings.batch_size
+
+    def agree_to_stop(self, flag: bool) -> bool:
+        """Whether the training tasks stop now, given this task's ``flag`` (a preemption notice).  One task runs
+        the loop here: its own flag; a synchronous strategy makes every task agree."""
+        return flag
 
     def prefers_local_checkpoints(self) -> bool:
         """Whether a local checkpoint newer than S3's (its upload failed) is restored instead of S3's.
