@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -11,6 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.imds import FakeImds
 
 ROLES = sorted(p for p in (REPO / "roles").iterdir() if p.is_dir())
 SUPERVISE = REPO / "roles" / "tf_node" / "files" / "tfc-supervise"
@@ -103,3 +106,39 @@ def test_fresh_start_rotates_the_log(tmp_path):
     _wait_state(d, ("succeeded",))
     assert "second" in (d / "node.log").read_text() and "first" not in (d / "node.log").read_text()
     assert "first" in (d / "node.log.1").read_text()
+
+
+#: a task that saves on SIGUSR1 and exits 5, as the harness does on a preemption notice
+SAVES_ON_NOTICE = "trap 'echo saved-at-once; exit 5' USR1; echo running; while :; do sleep 0.1; done"
+
+
+def test_supervisor_passes_the_aws_spot_notice_to_the_task_which_is_not_restarted(tmp_path):
+    imds = FakeImds()
+    try:
+        d = tmp_path / "task"
+        _sup("start", "--dir", str(d), "--notice", "aws", "--metadata-url", imds.url, "--",
+             "/bin/sh", "-c", SAVES_ON_NOTICE)
+        _wait_state(d, ("running",))
+        time.sleep(3)       # a few polls without a notice: the task runs on
+        assert _state(d)["state"] == "running" and ("PUT", "/latest/api/token") in imds.requests
+        imds.action = '{"action": "terminate", "time": "2026-11-23T05:00:00Z"}'
+        st = _wait_state(d, ("preempted",), timeout=20)
+        assert st["exit_code"] == 5 and st["restarts"] == 0 and "terminate" in st["notice"], st
+        log = (d / "node.log").read_text()
+        assert "saved-at-once" in log and "not restarted" in log, log
+    finally:
+        imds.close()
+
+
+def test_sigterm_is_a_notice_and_stop_still_stops(tmp_path):
+    """A VM shutting down sends SIGTERM: the task is told to save; `stop` (Ctrl-C, end of a run) just stops."""
+    d = tmp_path / "shutdown"
+    _sup("start", "--dir", str(d), "--", "/bin/sh", "-c", SAVES_ON_NOTICE)
+    st = _wait_state(d, ("running",))
+    os.kill(st["pid"], signal.SIGTERM)
+    assert _wait_state(d, ("preempted",), timeout=20)["notice"] == "SIGTERM"
+    d = tmp_path / "stopped"
+    _sup("start", "--dir", str(d), "--", "/bin/sh", "-c", SAVES_ON_NOTICE)
+    _wait_state(d, ("running",))
+    assert _sup("stop", "--dir", str(d)).stdout.startswith("stopped")
+    assert _state(d)["state"] == "stopped" and "saved-at-once" not in (d / "node.log").read_text().splitlines()
