@@ -18,6 +18,7 @@ from .paths import ClusterState
 class RunState(StrEnum):
     STARTED = "started"              # training (or the controller was stopped while it trained)
     INTERRUPTED = "interrupted"      # Ctrl-C during train: tasks stopped, checkpoints in S3
+    PREEMPTED = "preempted"          # a preemption notice: the step reached was checkpointed to S3 at once
     FAILED = "failed"
     UNPUBLISHED = "unpublished"      # trained, but S3 did not take the result: it is kept on the chief
     UNVERIFIED = "unverified"        # the chief published; the controller has not verified it yet
@@ -29,7 +30,8 @@ class RunState(StrEnum):
 #: a model may exist only on the cluster, or not yet be checked: `down` refuses (without --force)
 OPEN = (RunState.STARTED, RunState.UNVERIFIED, RunState.UNPUBLISHED)
 #: states whose checkpoints the next `make train` resumes from (with the same model and batch size)
-RESUMABLE = (RunState.STARTED, RunState.INTERRUPTED, RunState.FAILED, RunState.UNPUBLISHED)
+RESUMABLE = (RunState.STARTED, RunState.INTERRUPTED, RunState.PREEMPTED, RunState.FAILED,
+             RunState.UNPUBLISHED)
 
 
 def read(state: ClusterState) -> dict:

@@ -7,6 +7,7 @@ Ansible in :mod:`tfcluster.remote`.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -128,7 +129,7 @@ def _progress_line(task: dict, sup: dict, eta_s: float | None, data_mb_s: float 
     return "  " + ", ".join(parts)
 
 
-TERMINAL_TASK_STATES = ("succeeded", "failed", "stopped", "deadline", "lost")
+TERMINAL_TASK_STATES = ("succeeded", "failed", "stopped", "deadline", "lost", "preempted")
 DATA_POLL_S = 15.0
 
 
@@ -312,13 +313,25 @@ def _data_line(spec: RunSpec, prepared: dict) -> str:
             f"({d['format']}) in s3://{d['bucket']}/, spread over {_readers(spec)}")
 
 
+#: a stand-in instance metadata service speaking AWS's API (tests inject a spot notice through it)
+METADATA_URL_ENV = "TFCLUSTER_METADATA_URL"
+
+
+def preemption_vars(provider) -> dict:
+    """What the nodes' supervisors watch for a preemption notice: the provider's metadata, or a stand-in."""
+    url = os.environ.get(METADATA_URL_ENV, "")
+    return {"tf_node_preemption_notice": provider.preemption_notice or ("aws" if url else ""),
+            "tf_node_metadata_url": url}
+
+
 def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, settings: dict) -> dict:
     """Start ps and workers, then the chief; follow the chief until its task ends. On Ctrl-C or a failure
     every task is stopped and the logs fetched before the error goes on."""
     provider = get_provider(spec.provider, state)
     extra = _extra_vars(state, "train-vars.json", {"tf_node_run": settings, "tf_node_deadline": run["deadline"],
                                                    "tf_node_max_restarts": spec.training.max_restarts,
-                                                   "tf_node_vm_halt_minutes": provider.vm_halt_minutes(spec)})
+                                                   "tf_node_vm_halt_minutes": provider.vm_halt_minutes(spec),
+                                                   **preemption_vars(provider)})
     chief = next(n for n in nodes if n.role == "chief")
     try:
         with phase(f"start the tasks: {roles_text(spec)}, the chief last (playbooks/train.yml)"):
@@ -355,6 +368,14 @@ def _conclude(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, 
             f"({held.get('reason')}); it is kept on {chief.name} in {held.get('checkpoints')}. "
             f"'make down' will refuse to destroy it: fix the storage and run 'make train' to publish it "
             f"(it resumes from that checkpoint), or 'make down FORCE=1' to give it up")
+    if sup.get("state") == "preempted":
+        step = (final.get("task") or {}).get("step")
+        run.update(state=RunState.PREEMPTED, preempted_step=step)
+        runrecord.write(state, run)
+        raise TfclusterError(
+            f"the run was preempted at step {step}: {(final.get('task') or {}).get('error', 'a notice')}. That step "
+            f"is checkpointed in S3; run 'make train' to resume from it (if the provider took nodes away: "
+            f"'make down' and 'make up' first, then 'make train')")
     if sup.get("state") != "succeeded":
         run["state"] = RunState.FAILED
         runrecord.write(state, run)

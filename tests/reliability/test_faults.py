@@ -8,6 +8,7 @@ is bounded; the module's teardown removes the cluster even when a scenario fails
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHON, REPO, needs_root
+from tests.imds import FakeImds
 from tests.integration.helpers import force_down, leftovers, make, node_input, outside_namespace, ssh
 from tests.reliability import runs
 from tests.reliability.runs import node_log, printed_metric, resumed_steps
@@ -120,6 +122,31 @@ def test_ps_killed_recovers_or_resumes(home, env, cluster):
     assert printed_metric(out) >= 0.90
     resumed = resumed_steps(chief_log(home))
     assert resumed and resumed[-1] > 0, chief_log(home)[-3000:]
+
+
+def test_spot_notice_on_a_worker_saves_the_step_at_once_and_train_resumes_there(home, env, cluster):
+    """A spot interruption notice in a worker's instance metadata (IMDSv2 stand-in on the bridge): the chief
+    saves the step it reached at once, the run ends `preempted`, and the next train resumes from that step."""
+    worker = cluster[f"{CLUSTER}-worker-0"]["private_ip"]
+    gateway = str(ipaddress.ip_network(f"{worker}/24", strict=False)[1])    # the host, on the cluster's bridge
+    imds = FakeImds(host=gateway)
+    imds.only = {worker}
+    try:
+        train = runs.Train(dict(env, TFCLUSTER_METADATA_URL=imds.url), CLUSTER, *ARGS)
+        at = runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.3))
+        imds.action = '{"action": "terminate", "time": "2026-11-23T05:00:00Z"}'
+        code, out = train.wait()
+    finally:
+        imds.close()
+    assert code == 1 and re.search(r"the run was preempted at step \d+", out), out[-3000:]
+    step = int(re.search(r"preempted at step (\d+)", out).group(1))
+    record = runs.run_record(home, CLUSTER)
+    assert record["state"] == "preempted" and record["preempted_step"] == step and step >= at, (record, at)
+    assert f"checkpoint saved at step {step}" in chief_log(home)    # that step, not the last interval's
+    assert any(r[1] == "/latest/meta-data/spot/instance-action" for r in imds.requests if r[0] == "GET")
+    code, out = runs.Train(env, CLUSTER, *ARGS).wait()
+    assert code == 0, out[-4000:]
+    assert resumed_steps(chief_log(home))[-1] == step and printed_metric(out) >= 0.90
 
 
 def test_worker_that_never_starts_fails_the_run_naming_it(home, env, cluster):

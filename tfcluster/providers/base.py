@@ -196,6 +196,9 @@ class Provider(ABC):
         """
         return spec.max_runtime_minutes + VM_HALT_MARGIN_MINUTES if self.halts_vm else 0
 
+    #: whose preemption notice the nodes' supervisors watch in the instance metadata: "aws", "gcp" or ""
+    preemption_notice = ""
+
     def boot_halt_minutes(self, spec: RunSpec) -> int:
         """Minutes after its boot at which each node halts itself until training starts (and re-arms the halt
         for :meth:`vm_halt_minutes`); 0 = no such backstop."""

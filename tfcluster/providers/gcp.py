@@ -123,6 +123,7 @@ class GcpProvider(TerraformProvider):
     """Compute Engine VMs with a tag-scoped firewall and a bucket-only service account."""
 
     name = "gcp"
+    preemption_notice = "gcp"   # a spot / preemptible VM's notice, in the instance metadata
     requires_ssh_cidrs = True
     halts_vm = True
     halt_effect = ("the VM powers off; Compute Engine deletes it when its max_run_duration (the boot-time halt's "
