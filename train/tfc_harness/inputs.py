@@ -169,12 +169,13 @@ class FileInput:
 
 def verify_spec(client, bucket: str, dataset_prefix: str, files: dict | None, directory: Path) -> dict:
     """Download the test split a run used into ``directory``; returns the spec :mod:`tfc_harness.evaluate`
-    reads.  ``files`` is the settings' ``data`` (None: the arrays under ``dataset_prefix`` in ``bucket``)."""
+    reads (its ``dir``: ``directory``, which holds every file it names).  ``files`` is the settings' ``data``
+    (None: the arrays under ``dataset_prefix`` in ``bucket``)."""
     directory.mkdir(parents=True, exist_ok=True)
     if files is None:
         path = directory / "test.npz"
         s3io.download_file(client, bucket, data.split_key(dataset_prefix, "test"), path)
-        return {"source": "arrays", "npz": str(path)}
+        return {"source": "arrays", "npz": str(path), "dir": str(directory)}
     paths = []
     for i, f in enumerate(files["test"]):
         now = s3io.etag(client, files["bucket"], f["key"])
@@ -185,4 +186,4 @@ def verify_spec(client, bucket: str, dataset_prefix: str, files: dict | None, di
         s3io.download_file(client, files["bucket"], f["key"], path)
         paths.append(str(path))
     return {"source": "files", "format": files["format"], "paths": paths, "columns": files.get("columns"),
-            "label": files.get("label")}
+            "label": files.get("label"), "dir": str(directory)}

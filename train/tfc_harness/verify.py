@@ -4,8 +4,9 @@
 ``_SUCCESS`` and every model file the manifest lists (not the run's checkpoints), checks each against the
 manifest (sha256 and size; a file under ``model/`` that the manifest does not list is also an error),
 downloads the test split the *caller* names (the controller's own record of the run's data, not anything
-the chief wrote), runs ``python -m tfc_harness.evaluate`` with ``sys.executable`` and compares every
-``test_*`` figure with the chief's ``metrics.json`` (:data:`TOLERANCE`).
+the chief wrote), runs ``python -m tfc_harness.evaluate`` in a sandbox (:mod:`tfc_harness.sandbox`: the model
+is the chief's code) and compares every ``test_*`` figure with the chief's ``metrics.json``
+(:data:`TOLERANCE`).
 
 CLI::
 
@@ -21,11 +22,10 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from . import inputs, manifest, publish, s3io
+from . import inputs, manifest, publish, s3io, sandbox
 
 HARNESS_PARENT = Path(__file__).resolve().parent.parent   # the dir holding tfc_harness/
 EVAL_TIMEOUT_S = 600
@@ -50,19 +50,34 @@ def _model_keys(s3_client, bucket: str, run_prefix: str) -> list[str]:
 
 def evaluate_in_subprocess(model_dir: str | os.PathLike, module_path: str, test_spec: dict,
                            timeout_s: float = EVAL_TIMEOUT_S) -> dict:
-    """Run :mod:`tfc_harness.evaluate` in a new interpreter; returns its JSON result."""
-    # The evaluator needs no S3 access: keep credentials out of its environment.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HARNESS_PARENT), env.get("PYTHONPATH")]))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    proc = subprocess.run([sys.executable, "-m", "tfc_harness.evaluate", str(model_dir), module_path,
-                           json.dumps(test_spec)], capture_output=True, text=True, env=env, timeout=timeout_s,
-                          stdin=subprocess.DEVNULL)
+    """Run :mod:`tfc_harness.evaluate` in a fresh interpreter inside the sandbox (:mod:`tfc_harness.sandbox`:
+    no network, a read-only view, uid nobody); returns its JSON result.  The test data the spec names must lie
+    in one directory, ``test_spec["dir"]``."""
+    data_dir = Path(test_spec["dir"]).resolve()
+    module = Path(module_path).resolve()
+    proc = sandbox.run("tfc_harness.evaluate", ["{model}", f"{{module}}/{module.name}",
+                                                json.dumps(_inside(test_spec, data_dir, "{data}"))],
+                       {"model": model_dir, "module": module.parent, "data": data_dir, "harness": HARNESS_PARENT,
+                        "site": sandbox.site_packages()},
+                       python_path=["{harness}", "{site}"], timeout_s=timeout_s)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise VerificationError(f"evaluating {model_dir} failed (exit {proc.returncode}): "
                                 f"{proc.stderr.strip()[-2000:]}")
     return json.loads(lines[-1])
+
+
+def _inside(spec: dict, data_dir: Path, inside: str) -> dict:
+    """The spec with its paths (below ``data_dir``) as the sandbox sees them."""
+    def moved(path: str) -> str:
+        return f"{inside}/{Path(path).resolve().relative_to(data_dir)}"
+
+    out = {k: v for k, v in spec.items() if k != "dir"}
+    if "npz" in out:
+        out["npz"] = moved(out["npz"])
+    if "paths" in out:
+        out["paths"] = [moved(p) for p in out["paths"]]
+    return out
 
 
 def compare(recomputed: dict, published: dict) -> list[str]:
