@@ -78,7 +78,7 @@ test: $(BOOTSTRAP) ## Run the whole test suite (unit, lint, integration, end to 
 	$(VENV)/bin/pytest $(PYTEST_ARGS) tests
 
 .PHONY: lint
-lint: $(BOOTSTRAP) ## ruff, terraform fmt, ansible-lint (offline)
+lint: $(BOOTSTRAP) ## ruff, terraform fmt, ansible-lint and checkov (offline)
 	$(VENV)/bin/pytest -q tests/lint
 
 .PHONY: lock
