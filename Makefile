@@ -36,7 +36,7 @@ help: ## Show this help (the default goal)
 	/^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 ##@ Set-up
-$(BOOTSTRAP): requirements.txt pyproject.toml train/pyproject.toml scripts/bootstrap.sh
+$(BOOTSTRAP): requirements.lock requirements-checkov.lock pyproject.toml train/pyproject.toml scripts/bootstrap.sh
 	VENV=$(VENV) ./scripts/bootstrap.sh
 
 .PHONY: bootstrap
@@ -90,8 +90,12 @@ test: $(BOOTSTRAP) ## Run the whole test suite (unit, lint, integration, end to 
 	$(VENV)/bin/pytest $(PYTEST_ARGS) tests
 
 .PHONY: lint
-lint: $(BOOTSTRAP) ## ruff, terraform fmt, ansible-lint (offline)
+lint: $(BOOTSTRAP) ## ruff, terraform fmt, ansible-lint and checkov (offline)
 	$(VENV)/bin/pytest -q tests/lint
+
+.PHONY: lock
+lock: $(BOOTSTRAP) ## Regenerate the hash-pinned lock files (controller, checkov, nodes) from their inputs
+	$(VENV)/bin/python scripts/lock.py
 
 .PHONY: clean
 clean: $(BOOTSTRAP) ## Stop the local S3 store (its objects go with it); refused while clusters are up unless FORCE=1

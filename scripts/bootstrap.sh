@@ -42,13 +42,19 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 stamp="$VENV/.tfcluster-installed"
-if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
-    || [ train/pyproject.toml -nt "$stamp" ]; then
+# every package comes from a hash-pinned lock (requirements.txt is its human-edited input; `make lock`):
+# pip refuses a file whose sha256 is not in the lock, and a package the lock does not pin
+PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
+if [ ! -f "$stamp" ] || [ requirements.lock -nt "$stamp" ] || [ requirements-checkov.lock -nt "$stamp" ] \
+    || [ pyproject.toml -nt "$stamp" ] || [ train/pyproject.toml -nt "$stamp" ]; then
   echo "==> bootstrap: installing Python packages into $VENV (first time: about a minute)"
-  "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements.txt
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e .
-  # the training harness (train/tfc_harness), imported by the controller as an ordinary package
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e train
+  "${PIP[@]}" --require-hashes -r requirements.lock
+  # the project and the training harness (train/tfc_harness, imported by the controller as an ordinary
+  # package): no dependencies of their own to fetch, built by the locked setuptools (no build isolation)
+  "${PIP[@]}" --no-deps --no-build-isolation -e . -e train
+  # checkov (make lint) in a venv of its own: its exact pins clash with the set above
+  [ -x "$VENV/checkov/bin/python" ] || "$PYTHON" -m venv "$VENV/checkov"
+  "$VENV/checkov/bin/pip" install -q --disable-pip-version-check --require-hashes -r requirements-checkov.lock
   touch "$stamp"
 fi
 echo "==> bootstrap: ready ($VENV)"

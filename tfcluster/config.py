@@ -304,13 +304,16 @@ def _hparams(value):
 
 
 def _tensorflow_version(value):
-    from .tfsupport import pythons_for, table
+    from .tfsupport import locked_releases, pythons_for, table
 
     allowed = "a TensorFlow release X.Y.Z, e.g. 2.21.0"
     value = matching_check(_VERSION_RE, allowed)(value)
     if pythons_for(value) is None:
         refuse(f"a release tfcluster knows: {', '.join(k + '.x' for k in table())} "
                "(roles/tensorflow/vars/main.yml; add a row only after checking PyPI's wheels)")
+    if value not in locked_releases():
+        refuse(f"a release whose node packages are locked with hashes: {', '.join(locked_releases())} "
+               f"(roles/tensorflow/files/locks/; `make lock` adds one: scripts/lock.py --release {value})")
     return value
 
 

@@ -3,7 +3,8 @@
 Each cluster gets a small root configuration under ``.tfcluster/<cluster>/terraform/`` that calls the
 provider's module in ``terraform/<provider>/`` with the run's inputs and re-exports its ``nodes`` output.
 State stays beside it, so ``down`` needs nothing else. Terraform runs offline and quietly:
-``CHECKPOINT_DISABLE=1``, ``-input=false`` and a project-owned CLI config file.
+``CHECKPOINT_DISABLE=1``, ``-input=false`` and a project-owned CLI config file; a module's committed
+provider lock file is copied into the root and used read-only (``-lockfile=readonly``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from .errors import ProvisionError
 TERRAFORM_BIN = shutil.which("terraform") or "/usr/local/bin/terraform"
 PLAN_FILE = "tfcluster.tfplan"
 _RESOURCE_RE = re.compile(r'^resource "([\w-]+)" "([\w-]+)" \{\n(?:\s*((?:count|for_each)\s*=.*)\n)?', re.M)
+#: the provider lock file committed beside a module (terraform/aws/); Terraform reads only the root's
+LOCK_FILE = ".terraform.lock.hcl"
 
 
 @contextmanager
@@ -91,7 +94,14 @@ class TerraformModule:
     def init(self) -> None:
         if (self.work_dir / ".terraform" / "modules" / "modules.json").exists():
             return
-        self._run("init", self._tf.init, reconfigure=IsNotFlagged, input=False)
+        options = {}
+        lock = self.module_dir / LOCK_FILE
+        if lock.is_file():
+            # the module's committed provider checksums: the root gets a copy, which init may not change, so a
+            # provider package whose checksum is not in it is refused (modules without one: see README)
+            shutil.copyfile(lock, self.work_dir / LOCK_FILE)
+            options["lockfile"] = "readonly"
+        self._run("init", self._tf.init, reconfigure=IsNotFlagged, input=False, **options)
 
     def apply(self) -> None:
         self.init()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
@@ -18,6 +19,8 @@ from .paths import REPO
 
 TABLE = REPO / "roles" / "tensorflow" / "vars" / "main.yml"
 _KEY = "_tensorflow_python_support"
+#: the nodes' hash-pinned lock files, one per TensorFlow package and release (scripts/lock.py writes them)
+LOCKS = REPO / "roles" / "tensorflow" / "files" / "locks"
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,29 @@ def package_for(gpus: int, arch: str) -> str:
     except KeyError:
         raise ConfigError("controller platform", arch, "a CPU TensorFlow publishes Linux wheels for: "
                           + ", ".join(data["_tensorflow_packages_by_arch"])) from None
+
+
+def lock_file(package: str, version: str) -> Path:
+    """The lock file pinning, with hashes, TensorFlow ``package`` at ``version``, its dependencies and the
+    harness's packages: ``tensorflow[and-cuda]`` 2.21.0 -> ``locks/tensorflow-and-cuda-2.21.0.txt`` (the
+    tensorflow role names it by the same rule, ``_tensorflow_lock_file``)."""
+    return LOCKS / f"{package.replace('[', '-').replace(']', '')}-{version}.txt"
+
+
+def harness_packages() -> list[str]:
+    """What the harness needs on a node besides TensorFlow (locked at the controller's pins)."""
+    return list(_role_vars()["_tensorflow_harness_packages"])
+
+
+@functools.cache
+def locked_releases() -> tuple[str, ...]:
+    """The TensorFlow releases whose every package (CPU per architecture, GPU) has a node lock file."""
+    data = _role_vars()
+    packages = {data["_tensorflow_gpu_package"], *data["_tensorflow_packages_by_arch"].values()}
+    found = {p.name for p in LOCKS.glob("*.txt")}
+    versions = {p.stem.rsplit("-", 1)[1] for p in LOCKS.glob("*.txt")}
+    return tuple(sorted((v for v in versions if all(lock_file(p, v).name in found for p in packages)),
+                        key=lambda v: tuple(int(x) for x in v.split("."))))
 
 
 @functools.cache

@@ -1,7 +1,11 @@
 """The controller-side wheelhouse: TensorFlow and the harness's packages, downloaded once.
 
 Nodes install from their copy of it with ``pip --no-index``, so a cluster of N nodes downloads the
-~270 MB TensorFlow wheel once, not N times, and nodes need no route to a package index.
+~270 MB TensorFlow wheel once, not N times, and nodes need no route to a package index. What is downloaded
+is the node lock file of each package (``roles/tensorflow/files/locks/``, :func:`tfsupport.lock_file`):
+pip downloads with ``--require-hashes``, :func:`verify` checks every wheel against the locks once more,
+and the nodes install from the same lock with ``--require-hashes``, so a wheel altered in the cache or
+on its way over the bridge is refused.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import hashlib
 import http.server
 import io
 import platform
+import re
 import subprocess
 import sys
 import tarfile
@@ -23,8 +28,6 @@ from pathlib import Path
 from . import tfsupport
 from .errors import TfclusterError
 from .paths import cache_root
-
-EXTRA_PACKAGES = ("boto3", "pydantic==2.14.3")
 
 
 def packages_for(gpus: list[int]) -> list[str]:
@@ -38,21 +41,71 @@ def path_for(version: str, packages: list[str]) -> Path:
     return cache_root() / "_wheelhouse" / f"tf-{version}-{kind}-py{sys.version_info.major}{sys.version_info.minor}"
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+_REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
+
+
+def read_lock(path: Path) -> dict[tuple[str, str], set[str]]:
+    """A hash-pinned requirements file: ``{(canonical name, version): {sha256, ...}}``."""
+    pins: dict[tuple[str, str], set[str]] = {}
+    current = None
+    for line in path.read_text().splitlines():
+        m = _REQUIREMENT.match(line)
+        if m:
+            current = pins.setdefault((_canonical(m.group(1)), m.group(2)), set())
+        if current is not None:
+            current.update(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+    return pins
+
+
+def verify(directory: Path, locks: list[Path]) -> None:
+    """Every wheel in ``directory`` of a version the locks pin must have one of the hashes they list."""
+    pins: dict[tuple[str, str], set[str]] = {}
+    for lock in locks:
+        for key, hashes in read_lock(lock).items():
+            pins.setdefault(key, set()).update(hashes)
+    for wheel in sorted(directory.glob("*.whl")):
+        name, version = wheel.name.split("-")[:2]
+        allowed = pins.get((_canonical(name), version))
+        if allowed is not None and _sha256(wheel) not in allowed:
+            raise TfclusterError(f"{wheel}: its sha256 is not one the lock files "
+                                 f"({', '.join(str(lock) for lock in locks)}) list: remove it and run again")
+
+
 def ensure(version: str, packages: list[str] = ("tensorflow-cpu",), log=print) -> Path:
-    """Download the wheels unless a complete wheelhouse is there already; return its directory."""
+    """Download the wheels of each package's lock file (hash-checked) unless a complete wheelhouse of the
+    same locks is there already; return its directory."""
     packages = list(packages)
     target = path_for(version, packages)
     marker = target / ".complete"
-    wanted = [f"{p}=={version}" for p in packages] + list(EXTRA_PACKAGES)
-    if marker.exists() and marker.read_text().split() == wanted:
+    locks = [tfsupport.lock_file(p, version) for p in packages]
+    for lock in locks:
+        if not lock.is_file():
+            raise TfclusterError(f"no lock file {lock} for TensorFlow {version}: `make lock` writes it "
+                                 "(scripts/lock.py --release)")
+    wanted = [f"{lock.name} {_sha256(lock)}" for lock in locks]
+    if marker.exists() and marker.read_text().splitlines() == wanted:
         return target
     target.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {', '.join(wanted)} into {target} (once; wheels already there are kept)")
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:",
-           "-d", str(target), *wanted]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise TfclusterError(f"could not download {', '.join(wanted)}: {res.stderr.strip()[-1500:]}")
+    for lock in locks:
+        log(f"downloading the wheels {lock.name} pins into {target} (once; wheels already there are checked)")
+        cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:",
+               "--require-hashes", "-r", str(lock), "-d", str(target)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise TfclusterError(f"could not download what {lock} pins: {res.stderr.strip()[-1500:]}")
+    verify(target, locks)
     marker.write_text("\n".join(wanted) + "\n")
     return target
 

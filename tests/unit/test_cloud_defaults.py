@@ -73,6 +73,7 @@ def test_default_images_are_debian_12(provider):
 @pytest.mark.parametrize("provider", ["aws", "gcp", "openstack"])
 def test_a_release_the_default_images_python_cannot_install_is_refused(provider, tmp_path, monkeypatch):
     monkeypatch.setattr(tfsupport, "table", lambda: {"2.21": ("3.10", "3.11"), "2.99": ("3.12", "3.13")})
+    monkeypatch.setattr(tfsupport, "locked_releases", lambda: ("2.21.0", "2.99.0"))
     cls = REGISTRY[provider]
     cls(ClusterState("x", root=tmp_path)).check(cloud_spec(provider))  # 2.21.0: fine
     with pytest.raises(ConfigError) as err:
@@ -86,6 +87,7 @@ def test_a_release_the_default_images_python_cannot_install_is_refused(provider,
 
 def test_own_images_on_every_role_leave_the_check_to_the_node(tmp_path, monkeypatch):
     monkeypatch.setattr(tfsupport, "table", lambda: {"2.99": ("3.12",)})
+    monkeypatch.setattr(tfsupport, "locked_releases", lambda: ("2.99.0",))
     images = {f"nodes.{r}.image": "ami-0123456789abcdef0" for r in config.ROLES}
     REGISTRY["aws"](ClusterState("x", root=tmp_path)).check(cloud_spec("aws", **{"tensorflow.version": "2.99.0"},
                                                                        **images))

@@ -90,3 +90,12 @@ def test_arm_nodes_get_the_package_that_has_aarch64_wheels():
 def test_preflight_is_the_first_task():
     tasks = yaml.safe_load((REPO / "roles/tensorflow/tasks/main.yml").read_text())
     assert tasks[0]["ansible.builtin.include_tasks"] == "preflight.yml"
+
+
+def test_a_release_in_the_table_without_a_lock_file_fails_naming_it(tmp_path):
+    """Nodes install only hash-pinned packages (issue 14, item 5): no lock, no install."""
+    res = _play(tmp_path, tensorflow_version="2.21.1", tf_gpus=1)
+    assert res.returncode != 0
+    out = " ".join(res.stdout.split())
+    assert "localhost: no lock file tensorflow-and-cuda-2.21.1.txt in" in out, out
+    assert "scripts/lock.py --release 2.21.1" in out

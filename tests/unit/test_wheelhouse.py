@@ -59,3 +59,85 @@ def test_the_package_rule_is_the_tensorflow_roles_table():
         tfsupport.package_for(0, "s390x")
     assert wheelhouse.packages_for([0, 0, 1]) == sorted({table["_tensorflow_packages_by_arch"][platform.machine()],
                                                         "tensorflow[and-cuda]"})
+
+
+# -- hash-pinned wheels (issue 14, item 5) ------------------------------------------------------------------
+def _lock_for(tmp_path, **wheels):
+    """A lock file pinning each fake wheel ({file name: content}) with its sha256, and the wheels."""
+    import hashlib
+
+    lines = []
+    for name, data in wheels.items():
+        (tmp_path / name).write_bytes(data)
+        dist, version = name.split("-")[:2]
+        lines += [f"{dist.replace('_', '-')}=={version} ; sys_platform == 'linux' \\",
+                  f"    --hash=sha256:{hashlib.sha256(data).hexdigest()} \\",
+                  f"    --hash=sha256:{'0' * 64}"]
+    lock = tmp_path / "x.lock"
+    lock.write_text("\n".join(lines) + "\n")
+    return lock
+
+
+def test_read_lock_parses_pins_markers_and_hashes_of_a_real_node_lock():
+    from tfcluster import tfsupport
+
+    pins = wheelhouse.read_lock(tfsupport.lock_file("tensorflow-cpu", "2.21.0"))
+    assert len(pins[("tensorflow-cpu", "2.21.0")]) >= 1
+    assert all(len(h) == 64 for hashes in pins.values() for h in hashes)
+    assert {v for (name, v) in pins if name == "numpy"} >= {"2.4.6"}  # one entry per marker fork
+
+
+def test_verify_accepts_the_locked_wheels_and_refuses_an_altered_one(tmp_path):
+    import pytest
+
+    from tfcluster.errors import TfclusterError
+
+    house = tmp_path / "wh"
+    house.mkdir()
+    lock = _lock_for(house, **{"pkg_a-1.0-py3-none-any.whl": b"a", "pkg_b-2.0-py3-none-any.whl": b"b"})
+    (house / "other-9.9-py3-none-any.whl").write_bytes(b"a wheel no lock pins: not installable, ignored")
+    wheelhouse.verify(house, [lock])
+    (house / "pkg_b-2.0-py3-none-any.whl").write_bytes(b"tampered")
+    with pytest.raises(TfclusterError, match="pkg_b-2.0-py3-none-any.whl: its sha256 is not one"):
+        wheelhouse.verify(house, [lock])
+
+
+def test_ensure_downloads_each_lock_with_require_hashes_then_verifies(tmp_path, monkeypatch):
+    """pip download is told to check hashes; what it left is checked again before the wheelhouse counts as
+    complete; a complete one of the same locks is not downloaded again."""
+    import subprocess
+
+    import pytest
+
+    from tfcluster import tfsupport
+    from tfcluster.errors import TfclusterError
+
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    _lock_for(locks, **{"tensorflow_cpu-2.21.0-cp311-none-any.whl": b"tf"}).rename(
+        locks / "tensorflow-cpu-2.21.0.txt")
+    monkeypatch.setattr(tfsupport, "LOCKS", locks)
+    monkeypatch.setenv("TFCLUSTER_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def fake_pip(cmd, **kwargs):
+        calls.append(cmd)
+        dest = cmd[cmd.index("-d") + 1]
+        wheel = "tensorflow_cpu-2.21.0-cp311-none-any.whl"
+        (locks / wheel).replace(f"{dest}/{wheel}")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(wheelhouse.subprocess, "run", fake_pip)
+    target = wheelhouse.ensure("2.21.0", ["tensorflow-cpu"], log=lambda *_: None)
+    assert len(calls) == 1
+    assert calls[0][-4:] == ["-r", str(locks / "tensorflow-cpu-2.21.0.txt"), "-d", str(target)]
+    assert "--require-hashes" in calls[0] and "--only-binary=:all:" in calls[0]
+    assert wheelhouse.ensure("2.21.0", ["tensorflow-cpu"], log=lambda *_: None) == target and len(calls) == 1
+    # a wheel altered in the cache after a lock change: refused, the wheelhouse is not marked complete
+    (target / "tensorflow_cpu-2.21.0-cp311-none-any.whl").write_bytes(b"tampered")
+    (locks / "tensorflow-cpu-2.21.0.txt").write_text((locks / "tensorflow-cpu-2.21.0.txt").read_text() + "\n")
+    monkeypatch.setattr(wheelhouse.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
+    with pytest.raises(TfclusterError, match="sha256 is not one"):
+        wheelhouse.ensure("2.21.0", ["tensorflow-cpu"], log=lambda *_: None)
+    with pytest.raises(TfclusterError, match="no lock file .*tensorflow-cpu-2.20.7.txt"):
+        wheelhouse.ensure("2.20.7", ["tensorflow-cpu"], log=lambda *_: None)
