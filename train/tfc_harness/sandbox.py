@@ -66,6 +66,14 @@ def available() -> str | None:
     return None if Path("/mnt").is_dir() else "/mnt (the new /tmp's mount point) does not exist"
 
 
+def open_to_all(tree: Path) -> None:
+    """Let every user read ``tree`` (files a+r, directories a+rx): for the caller's own copies of the inputs,
+    which the sandbox's user (nobody) must read."""
+    for path in [tree, *tree.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
+
+
 def site_packages() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
 

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from . import inputs, manifest, publish, s3io, sandbox
@@ -52,14 +53,20 @@ def evaluate_in_subprocess(model_dir: str | os.PathLike, module_path: str, test_
                            timeout_s: float = EVAL_TIMEOUT_S) -> dict:
     """Run :mod:`tfc_harness.evaluate` in a fresh interpreter inside the sandbox (:mod:`tfc_harness.sandbox`:
     no network, a read-only view, uid nobody); returns its JSON result.  The test data the spec names must lie
-    in one directory, ``test_spec["dir"]``."""
+    in one directory, ``test_spec["dir"]``.  The model and the data are this process's own copies, opened to
+    every reader; the user's module file is copied, so that its own directory's permissions do not matter."""
     data_dir = Path(test_spec["dir"]).resolve()
-    module = Path(module_path).resolve()
-    proc = sandbox.run("tfc_harness.evaluate", ["{model}", f"{{module}}/{module.name}",
-                                                json.dumps(_inside(test_spec, data_dir, "{data}"))],
-                       {"model": model_dir, "module": module.parent, "data": data_dir, "harness": HARNESS_PARENT,
-                        "site": sandbox.site_packages()},
-                       python_path=["{harness}", "{site}"], timeout_s=timeout_s)
+    for tree in (Path(model_dir), data_dir):
+        sandbox.open_to_all(tree)
+    with tempfile.TemporaryDirectory(prefix="tfc-verify-") as staging:
+        module = Path(staging) / Path(module_path).name
+        shutil.copyfile(module_path, module)
+        sandbox.open_to_all(Path(staging))
+        proc = sandbox.run("tfc_harness.evaluate", ["{model}", f"{{module}}/{module.name}",
+                                                    json.dumps(_inside(test_spec, data_dir, "{data}"))],
+                           {"model": model_dir, "module": staging, "data": data_dir, "harness": HARNESS_PARENT,
+                            "site": sandbox.site_packages()},
+                           python_path=["{harness}", "{site}"], timeout_s=timeout_s)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise VerificationError(f"evaluating {model_dir} failed (exit {proc.returncode}): "
