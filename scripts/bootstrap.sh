@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-/usr/bin/python3}
 # mmdebstrap: builds the local nodes' base image (bare Debian 12) once; the nodes run that image's own
-# sshd, python3 and apt, so this host needs no sshd. openssh-client: ssh and ssh-keygen; python3-venv: .venv.
-APT_PACKAGES=(mmdebstrap openssh-client iproute2 python3-venv procps util-linux)
+# sshd, python3 and apt, so this host needs no sshd. openssh-client: ssh and ssh-keygen; nftables: the
+# host's guard of the nodes' TensorFlow port; python3-venv: .venv.
+APT_PACKAGES=(mmdebstrap openssh-client iproute2 nftables python3-venv procps util-linux)
 # chromium: the tests load TensorBoard's page in headless Chromium (Debian's package: no browser download)
 TEST_APT_PACKAGES=(chromium)
 if [ "${1:-}" = "--test" ]; then

@@ -1,13 +1,23 @@
 """Local provider nodes: what ``terraform/local`` runs in its create and destroy provisioners.
 
 A node is a network namespace on the cluster's bridge (its own address), a UTS namespace (its own
-hostname) and a mount namespace whose root is an overlay of the local base image (``tfcluster.image``:
-bare Debian 12, as a cloud VM boots) with a per-node upper directory, so installs on one node touch
-neither the image nor the other nodes. As cloud-init does on a cloud VM, the node gets host keys of its
-own, the run's public key for the image's non-root user (who has password-less sudo) and, the node having
-no route beyond its bridge, the cluster's apt proxy. Its sshd is the node's first process; everything
+hostname), a PID namespace (its processes see only each other; the host's are not in its ``/proc``) and a
+mount namespace whose root is an overlay of the local base image (``tfcluster.image``: bare Debian 12, as a
+cloud VM boots) with a per-node upper directory, so installs on one node touch neither the image nor the
+other nodes. Its ``/dev`` is its own (a few character devices, its own ptys, no host disk or memory
+device), its ``/sys`` is read-only, and its processes, root included, lack the capabilities a node never
+needs (mounting, modules, raw I/O, tracing other processes, devices, the clock; :data:`DROPPED_CAPS`).
+The host refuses to connect to the nodes' TensorFlow port (:data:`HOST_GUARD`, a rule in the host's own
+namespace, out of the nodes' reach, like a cloud's security group), so no local user reaches it through
+the bridge; on the node itself the tf_node role's firewall lets it answer only the cluster's members, as on
+a cloud VM. As cloud-init does on a cloud VM, the node gets host keys of its own, the run's public key for
+the image's non-root user (who has password-less sudo) and, the node having no route beyond its bridge,
+the cluster's apt proxy. Its sshd is the node's first process (PID 1 in its PID namespace); everything
 Ansible starts on it is a child of that sshd and lives in the same namespaces, and, when the node has a
 memory limit (``provider_options.node_memory_mb``), in the same memory cgroup (``tfcluster.cgroup``).
+
+Not isolated: the user namespace (root on a node is root on the host's kernel, kept in check by the
+namespaces and the dropped capabilities; sshd's privilege separation needs real ids) and the kernel itself.
 
 Called as ``python -m tfcluster.localnode ACTION JSON`` (ACTION: network-up, network-down, node-up,
 node-down); the JSON object carries the module's inputs, so destroy works from Terraform state alone.
@@ -96,9 +106,15 @@ def network_up(p: dict) -> None:
     if f" {p['gateway_cidr']} " not in addrs + " ":
         _ip("addr", "replace", p["gateway_cidr"], "dev", br)
     _ip("link", "set", br, "up")
+    rules = HOST_GUARD.format(table=guard_table(br), bridge=br, tf_port=int(p["tf_port"]))
+    res = _nft(rules, "-f", "-")
+    if res.returncode != 0:
+        raise NodeError(f"bridge {br}: the host's guard of the TensorFlow port could not be loaded: "
+                        f"{res.stderr.strip()}")
 
 
 def network_down(p: dict) -> None:
+    remove_guard(p["bridge"])
     if link_exists(p["bridge"]):
         _ip("link", "del", p["bridge"])
 
@@ -132,21 +148,73 @@ APT_PROXY_CONF = """\
 Acquire::http::Proxy "{apt_proxy}";
 """
 
+#: capabilities no process on a node keeps, root included (dropped from the bounding set before sshd starts)
+#: (net_admin stays: it acts on the node's own network namespace only, where the tf_node role loads its firewall)
+DROPPED_CAPS = ("sys_admin", "sys_module", "sys_rawio", "sys_ptrace", "sys_boot", "sys_time", "mknod",
+                "sys_resource", "syslog", "mac_admin", "mac_override", "bpf", "perfmon",
+                "checkpoint_restore", "linux_immutable", "sys_pacct", "sys_tty_config", "wake_alarm",
+                "block_suspend", "lease", "ipc_lock", "audit_control")
+
+#: the character devices a node's /dev holds (bind-mounted from the host's), besides its own ptys
+NODE_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
 INIT_SCRIPT = """\
 set -eu
 hostname "$TFC_NAME"
 M="$TFC_DIR/merged"
 mount -t overlay overlay -o "lowerdir=$TFC_IMAGE,upperdir=$TFC_DIR/upper,workdir=$TFC_DIR/work" "$M"
-mount -t proc proc "$M/proc"
-mount -t sysfs sysfs "$M/sys"
-mount --rbind /dev "$M/dev"
+mount -t proc -o nosuid,nodev,noexec proc "$M/proc"
+mount -t sysfs -o ro,nosuid,nodev,noexec sysfs "$M/sys"
+mount -t tmpfs -o mode=0755,nosuid,noexec tmpfs "$M/dev"
+for d in $TFC_DEVICES; do touch "$M/dev/$d"; mount --bind "/dev/$d" "$M/dev/$d"; done
+mkdir -p "$M/dev/pts" "$M/dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=0620,gid=5,nosuid,noexec devpts "$M/dev/pts"
+ln -s pts/ptmx "$M/dev/ptmx"
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$M/dev/shm"
+ln -s /proc/self/fd "$M/dev/fd"
+ln -s /proc/self/fd/0 "$M/dev/stdin"; ln -s /proc/self/fd/1 "$M/dev/stdout"; ln -s /proc/self/fd/2 "$M/dev/stderr"
 mount -t tmpfs -o mode=0755 tmpfs "$M/run"
 mkdir -p "$M/run/sshd"
 echo "node $TFC_NAME: root is an overlay of the base image $TFC_IMAGE (upper: $TFC_DIR/upper)"
 cd /
 if [ "${TFC_NOSSHD:-}" = 1 ]; then exec sleep infinity; fi
-exec chroot "$M" /usr/sbin/sshd -D -e -f /etc/ssh/tfcluster_sshd_config
+exec setpriv --bounding-set "$TFC_DROP_CAPS" chroot "$M" /usr/sbin/sshd -D -e -f /etc/ssh/tfcluster_sshd_config
 """
+
+#: the host's guard (nftables, in the host's namespace, one table per cluster): the host itself, and so
+#: every local user, gets a reset from the nodes' TensorFlow port; the nodes' own traffic is bridged and
+#: never passes the host's output hook. SSH (Ansible) is untouched.
+HOST_GUARD = """\
+table inet {table}
+delete table inet {table}
+table inet {table} {{
+  chain output {{
+    type filter hook output priority 0; policy accept;
+    oifname "{bridge}" tcp dport {tf_port} reject with tcp reset
+  }}
+}}
+"""
+
+
+def guard_table(bridge: str) -> str:
+    """The host's nftables table guarding a cluster's bridge (:data:`HOST_GUARD`)."""
+    return f"tfcluster_{bridge}"
+
+
+def _nft(rules: str | None, *args: str) -> subprocess.CompletedProcess:
+    if shutil.which("nft") is None:
+        raise NodeError("the local provider needs nft (apt package nftables, installed by scripts/bootstrap.sh) "
+                        "for the host's guard of the nodes' TensorFlow port")
+    return subprocess.run(["nft", *args], input=rules, text=True, capture_output=True)
+
+
+def guard_exists(bridge: str) -> bool:
+    return shutil.which("nft") is not None and _nft(None, "list", "table", "inet", guard_table(bridge)).returncode == 0
+
+
+def remove_guard(bridge: str) -> None:
+    if guard_exists(bridge):
+        _nft(None, "delete", "table", "inet", guard_table(bridge))
 
 
 def _mkdir(path: Path, mode: int, owner: tuple[int, int] = (0, 0)) -> None:
@@ -269,14 +337,15 @@ def _start_init(p: dict, fault: str, memory_cgroup: Path | None) -> subprocess.P
     """Start the node's init (INIT_SCRIPT, ending in sshd) in its namespaces and, if any, its memory cgroup."""
     node_dir = Path(p["node_dir"])
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TFC_NAME": p["name"], "TFC_DIR": str(node_dir),
-           "TFC_IMAGE": p["image_root"],
+           "TFC_IMAGE": p["image_root"], "TFC_DEVICES": " ".join(NODE_DEVICES),
+           "TFC_DROP_CAPS": ",".join(f"-{c}" for c in DROPPED_CAPS),
            "TFC_NOSSHD": "1" if fault == "nosshd" else ""}
     join = (lambda: cgroup.enter(memory_cgroup)) if memory_cgroup else None
     with open(node_dir / "console.log", "ab") as console:
         try:
             proc = subprocess.Popen(
-                ["ip", "netns", "exec", p["netns"], "unshare", "--mount", "--uts", "--propagation", "private",
-                 "/bin/sh", "-c", INIT_SCRIPT],
+                ["ip", "netns", "exec", p["netns"], "unshare", "--mount", "--uts", "--pid", "--fork",
+                 "--propagation", "private", "/bin/sh", "-c", INIT_SCRIPT],
                 stdin=subprocess.DEVNULL, stdout=console, stderr=console, env=env,
                 start_new_session=True, close_fds=True, preexec_fn=join)
         except subprocess.SubprocessError as exc:  # from preexec_fn: the cgroup refused the process

@@ -32,6 +32,7 @@ resource "terraform_data" "network" {
     python       = local.python
     bridge       = var.provider_options["bridge"]
     gateway_cidr = "${local.gateway}/${local.prefixlen}"
+    tf_port      = var.tf_port
   }
 
   provisioner "local-exec" {

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from tests.conftest import PYTHON, REPO, needs_root
-from tests.integration.helpers import force_down, leftovers, make
+from tests.integration.helpers import force_down, leftovers, make, ssh
 
 pytestmark = [pytest.mark.e2e, needs_root()]
 CLUSTER = "tfct-e2e"
@@ -94,6 +94,27 @@ def test_status_and_logs(home, artifacts, trained):
     assert res.stdout.count("task: stopped") == 3       # ps and workers were stopped after the run
     res = tfcluster(home, artifacts, "logs", f"{CLUSTER}-chief-0")
     assert res.returncode == 0 and "task succeeded" in res.stdout, res.stdout + res.stderr
+
+
+def test_tasks_ran_as_an_unprivileged_user_behind_the_node_firewall(home, artifacts, trained):
+    """The training task is the `tfcluster` user's (what it wrote is that user's; the credentials file stays
+    root's); each node's firewall lets the TensorFlow port answer the cluster's members only, and the host
+    (any local user) gets a reset from it."""
+    nodes = json.loads((home / CLUSTER / "nodes.json").read_text())
+    members = sorted(n["private_ip"] for n in nodes)
+    for n in nodes:
+        out = ssh(home, CLUSTER, n["private_ip"], "stat -c '%U %a' /var/lib/tfcluster/task "
+                  "/var/lib/tfcluster/task/status.json /etc/tfcluster/task.env; nft list table inet tfcluster_node")
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[:3] == ["tfcluster 750", "tfcluster 644", "root 600"], (n["name"], lines[:3])
+        rule = next(line for line in lines if "accept" in line and "2222" in line)
+        assert sorted(re.findall(r"\d+\.\d+\.\d+\.\d+", rule)) == members, rule
+        assert any("2222 reject with tcp reset" in line for line in lines), lines
+    probe = (f"import socket\ntry:\n    socket.create_connection(('{members[0]}', 2222), timeout=5)\n"
+             "    print('open')\nexcept OSError as e:\n    print(type(e).__name__)")
+    res = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=30)
+    assert res.stdout.strip() == "ConnectionRefusedError", res.stdout + res.stderr
 
 
 def test_second_configure_changes_nothing(home, artifacts, trained):

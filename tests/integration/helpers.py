@@ -109,6 +109,8 @@ def leftovers(home: Path, cluster: str) -> list[str]:
     found = [f"netns {ns}" for ns in localnode.list_netns() if ns.startswith(localnode.netns_prefix(cluster))]
     if localnode.link_exists(localnode.bridge_name(cluster)):
         found.append("bridge")
+    if localnode.guard_exists(localnode.bridge_name(cluster)):
+        found.append("nftables table " + localnode.guard_table(localnode.bridge_name(cluster)))
     found += [f"veth {v}" for v in localnode.list_links(localnode.veth_prefix(cluster))]
     found += [f"process {p}" for p in processes_with_env(f"TFC_DIR={home / cluster}")]
     found += [f"apt proxy {p}" for p in processes_with_cmdline("tfcluster.aptproxy", str(home / cluster))]

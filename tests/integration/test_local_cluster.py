@@ -7,12 +7,13 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import PYTHON, REPO, interruptible, needs_root
 from tests.integration.helpers import force_down, leftovers, make, ssh
-from tfcluster import ansible_run, store
+from tfcluster import ansible_run, localnode, store
 from tfcluster.paths import ClusterState
 
 pytestmark = [pytest.mark.integration, needs_root()]
@@ -156,3 +157,70 @@ def test_make_up_train_down_tears_down_when_a_goal_fails(home, cluster):
     assert res.returncode != 0 and "up with another shape" in res.stderr, res.stdout + res.stderr
     assert "tearing down" in res.stdout and "is down" in res.stdout, res.stdout
     assert leftovers(home, cluster) == []
+
+
+LISTENER = ("import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            "s.bind(('0.0.0.0', 2222)); s.listen(); s.settimeout(60)\n"
+            "while True:\n    c, a = s.accept(); c.sendall(b'ok'); c.close()")
+
+
+def _connect(ip: str, port: int) -> str:
+    code = (f"import socket\ntry:\n    c = socket.create_connection(('{ip}', {port}), timeout=5); "
+            "print('open', c.recv(2).decode() or '-')\nexcept OSError as e:\n    print('closed', type(e).__name__)")
+    return code
+
+
+def test_a_node_cannot_reach_the_host_and_its_tf_port_answers_members_only(home, cluster):
+    """What the local provider isolates (README): its own PID namespace and /dev, no capability to mount or
+    make devices, and the TensorFlow port closed to everyone but the cluster's members."""
+    res = make("up", home, CLUSTER=cluster, WORKERS="1", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    nodes = {n["role"]: n for n in json.loads(ClusterState(cluster, root=home).nodes.read_text())}
+    chief, worker = nodes["chief"]["private_ip"], nodes["worker"]["private_ip"]
+    key = ClusterState(cluster, root=home).ssh_key
+
+    # The PID namespace: the node's first process is its sshd, /proc shows the node's processes only, and no
+    # /proc/<pid>/root leads out of the node (to the host's files, such as this cluster's private key).
+    out = ssh(home, cluster, chief, f"cat /proc/1/comm; cat /proc/1/root/etc/hostname; ls /proc | grep -c '^[0-9]'; "
+                                    f"ls /proc/*/root{key} 2>/dev/null | wc -l")
+    assert out.returncode == 0, out.stderr
+    comm, hostname, processes, keys = out.stdout.split()
+    assert (comm, hostname, keys) == ("sshd", nodes["chief"]["name"], "0")
+    assert int(processes) < 20, out.stdout
+    host_pids = [p.name for p in Path("/proc").iterdir() if p.name.isdigit()]
+    assert len(host_pids) > int(processes)
+
+    # Its own /dev: a few character devices and its own ptys; no disk, memory or kernel log device.
+    out = ssh(home, cluster, chief, "ls -A /dev")
+    assert set(out.stdout.split()) == {"null", "zero", "full", "random", "urandom", "tty", "pts", "ptmx", "shm",
+                                       "fd", "stdin", "stdout", "stderr"}, out.stdout
+
+    # Root on the node cannot mount, make a device node or use the capabilities dropped at boot.
+    out = ssh(home, cluster, chief, "mount -t tmpfs none /mnt 2>&1 || echo mount-refused; "
+                                    "mknod /tmp/sda b 8 0 2>&1 || echo mknod-refused; grep CapBnd /proc/self/status")
+    assert "mount-refused" in out.stdout and "mknod-refused" in out.stdout, out.stdout
+    bounding = int(out.stdout.split("CapBnd:")[1].split()[0], 16)
+    for bit, name in ((21, "sys_admin"), (16, "sys_module"), (17, "sys_rawio"), (19, "sys_ptrace"), (27, "mknod"),
+                      (25, "sys_time")):
+        assert not bounding & (1 << bit), f"{name} is in the node's bounding set"
+
+    # The TensorFlow port: a listener on the chief answers the worker, not the host (any local user): the
+    # host's own guard, out of the nodes' reach (the node's firewall comes with configure).
+    guard = subprocess.run(["nft", "list", "table", "inet", localnode.guard_table(localnode.bridge_name(cluster))],
+                           capture_output=True, text=True)
+    assert "tcp dport 2222 reject with tcp reset" in guard.stdout, guard.stdout + guard.stderr
+    listen = subprocess.Popen(
+        ["ssh", "-i", str(key), "-o", f"UserKnownHostsFile={key.parent / 'known_hosts'}", "-o", "BatchMode=yes",
+         f"debian@{chief}", f"timeout 60 python3 -c \"{LISTENER}\""],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(2)
+        from_member = ssh(home, cluster, worker, f"python3 -c \"{_connect(chief, 2222)}\"", as_root=False)
+        assert from_member.stdout.strip() == "open ok", from_member.stdout + from_member.stderr
+        from_host = subprocess.run([PYTHON, "-c", _connect(chief, 2222)], capture_output=True, text=True, timeout=30)
+        assert from_host.stdout.strip() == "closed ConnectionRefusedError", from_host.stdout + from_host.stderr
+        ssh_port = subprocess.run([PYTHON, "-c", _connect(chief, 22)], capture_output=True, text=True, timeout=30)
+        assert ssh_port.stdout.strip() == "open SS", ssh_port.stdout   # SSH still answers the controller
+    finally:
+        listen.kill()
+        listen.wait(timeout=30)

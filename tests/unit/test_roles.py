@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -142,3 +143,37 @@ def test_sigterm_is_a_notice_and_stop_still_stops(tmp_path):
     _wait_state(d, ("running",))
     assert _sup("stop", "--dir", str(d)).stdout.startswith("stopped")
     assert _state(d)["state"] == "stopped" and "saved-at-once" not in (d / "node.log").read_text().splitlines()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a task as another user needs root")
+def test_supervisor_runs_the_task_as_the_given_user_and_keeps_the_env_file_from_it():
+    """The task runs unprivileged (uid of `nobody`, HOME its directory); the credentials it needs arrive in its
+    environment, read by the root supervisor from a 0600 file the task could not open itself."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="tfct-sup-"))   # not under pytest's root-only directory
+    try:
+        top.chmod(0o755)
+        env = top / "task.env"
+        env.write_text("SECRET_FOR_TASK=s3cr3t\n")
+        env.chmod(0o600)
+        d = top / "task"
+        d.mkdir()
+        os.chown(d, pwd.getpwnam("nobody").pw_uid, -1)
+        script = (f'id -un; echo "home=$HOME"; [ "$SECRET_FOR_TASK" = s3cr3t ] && echo has-env; '
+                  f'cat {env} 2>/dev/null || echo cannot-read-env; touch "$HOME/mine"')
+        _sup("start", "--dir", str(d), "--env-file", str(env), "--user", "nobody", "--", "/bin/sh", "-c", script)
+        assert _wait_state(d, ("succeeded", "failed"))["state"] == "succeeded", (d / "node.log").read_text()
+        log = (d / "node.log").read_text().splitlines()
+        assert "nobody" in log and f"home={d}" in log and "has-env" in log and "cannot-read-env" in log, log
+        assert (d / "mine").stat().st_uid == pwd.getpwnam("nobody").pw_uid
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_supervisor_refuses_an_unknown_user(tmp_path):
+    d = tmp_path / "task"
+    _sup("start", "--dir", str(d), "--user", "no-such-user-tfc", "--", "true")
+    st = _wait_state(d, ("failed",))
+    assert st["exit_code"] == 127 and "no user 'no-such-user-tfc'" in (d / "node.log").read_text()

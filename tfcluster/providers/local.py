@@ -184,6 +184,7 @@ class LocalProvider(TerraformProvider):
                 pids = localnode.netns_pids(ns)
                 found.append(f"network namespace {ns}" + (f" with processes {pids}" if pids else ""))
         br = localnode.bridge_name(cluster)
+        localnode.remove_guard(br)
         if localnode.link_exists(br):
             found.append(f"bridge {br}")
         for link in localnode.list_links(localnode.veth_prefix(cluster)):
@@ -207,6 +208,7 @@ class LocalProvider(TerraformProvider):
         for link in localnode.list_links(localnode.veth_prefix(cluster)):
             subprocess.run(["ip", "link", "del", link], capture_output=True)
         br = localnode.bridge_name(cluster)
+        localnode.remove_guard(br)
         if localnode.link_exists(br):
             subprocess.run(["ip", "link", "del", br], capture_output=True)
         if self.state.node_root.exists():
