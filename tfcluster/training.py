@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tfc_harness import strategies
 
-from . import ansible_run, job, poll, remote, runrecord, store, wheelhouse
+from . import access, ansible_run, job, poll, remote, runrecord, store, wheelhouse
 from .cluster import down as destroy_cluster
 from .cluster import load_spec, phase, say
 from .config import ROLES, RunSpec
@@ -85,7 +85,7 @@ def configure(spec: RunSpec) -> None:
 # -- train -------------------------------------------------------------------------------------
 def _run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
     """The settings every node gets (``run`` holds what :func:`tfcluster.job.prepare` found: the data)."""
-    prefix = f"{spec.storage.prefix}/{spec.cluster}/{run_id}"
+    prefix = access.run_prefix(spec, run_id)
     return {
         "run_id": run_id,
         "model_module": job.model_name(spec),
@@ -105,7 +105,7 @@ def _run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
             "bucket": spec.storage.bucket,
             "run_prefix": prefix,
             "checkpoint_prefix": f"{prefix}/checkpoints",
-            "dataset_prefix": run.get("dataset_prefix") or f"datasets/{job.model_name(spec)}",
+            "dataset_prefix": run.get("dataset_prefix") or job.dataset_base(spec),
         },
     }
 
@@ -236,7 +236,8 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
 
 
 def _check_cluster_fits(spec: RunSpec, state: ClusterState) -> None:
-    """The nodes that are up were made for this provider, strategy and shape."""
+    """The nodes that are up were made for this provider, strategy and shape, and (where a cloud identity
+    limits them) were granted the storage this run uses."""
     def shape(s: RunSpec) -> tuple:
         return s.provider, s.strategy, [s.count(r) for r in ROLES]
 
@@ -244,6 +245,8 @@ def _check_cluster_fits(spec: RunSpec, state: ClusterState) -> None:
     if up_spec and shape(up_spec) != shape(spec):
         raise TfclusterError(f"cluster {spec.cluster} is up with another shape, strategy or provider; "
                              f"run 'make down' and 'make up' with the new settings first")
+    if up_spec and get_provider(spec.provider, state).limits_storage_access:
+        access.check_granted(access.storage_access(up_spec), access.storage_access(spec), spec.cluster)
 
 
 def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict) -> tuple[dict, dict]:

@@ -361,6 +361,8 @@ GOOD = {
     "gpus": {"ps": 0, "worker": 0, "chief": 0}, "ssh_public_key": KEY, "ssh_user": "",
     "allowed_ssh_cidrs": ["203.0.113.0/24"], "tf_port": 2222, "bucket": "tfcluster", "prefix": "runs",
     "max_runtime_minutes": 60,
+    "storage_access": {"jobs": ["worker", "chief"], "read_write": "runs/exp1/",
+                       "read": [{"bucket": "tfcluster", "prefix": "datasets/digits-"}]},
 }
 GOOD_OPTIONS = {"gcp": {"project": "my-project-123"}, "openstack": {"external_network": "public"}}
 # (module, input, bad value, text the error must contain)

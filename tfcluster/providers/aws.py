@@ -92,6 +92,7 @@ class AwsProvider(TerraformProvider):
     name = "aws"
     requires_ssh_cidrs = True
     halts_vm = True
+    limits_storage_access = True
     default_image = DefaultImage("Debian 12 (official AMI of account 136693071363, amd64 or arm64)", "3.11", "admin")
     options_model = AwsOptions
     unsupported = {

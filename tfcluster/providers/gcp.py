@@ -125,6 +125,7 @@ class GcpProvider(TerraformProvider):
     name = "gcp"
     requires_ssh_cidrs = True
     halts_vm = True
+    limits_storage_access = True
     default_image = DefaultImage("Debian 12 (image family debian-cloud/debian-12)", "3.11", "debian")
     unsupported = {"ipv6": "the VMs get IPv4 addresses only, so SSH sources must be IPv4 CIDR blocks"}
     options_model = GcpOptions
