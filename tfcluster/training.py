@@ -34,7 +34,8 @@ def _nodes_or_fail(state: ClusterState) -> list[Node]:
 
 
 def s3_env(spec: RunSpec) -> dict[str, str]:
-    """Credentials for the nodes' env file, passed to Ansible through its environment only."""
+    """Credentials for the nodes' env file, passed to Ansible through its environment only, when the tasks
+    start (tf_node writes them on the nodes whose task uses storage; the run's finish removes them)."""
     env = store.process_env(spec)
     return {"TFCLUSTER_S3_ACCESS_KEY_ID": env.get("AWS_ACCESS_KEY_ID", ""),
             "TFCLUSTER_S3_SECRET_ACCESS_KEY": env.get("AWS_SECRET_ACCESS_KEY", "")}
@@ -78,7 +79,7 @@ def configure(spec: RunSpec) -> None:
             variables["tensorflow_wheelhouse_url"] = url
         extra = _extra_vars(state, "configure-vars.json", variables)
         recap = ansible_run.playbook(state, "site.yml", extra, forks=len(nodes),
-                                     log_file=state.logs / "configure.log", env=s3_env(spec))
+                                     log_file=state.logs / "configure.log")
     ansible_run.check_reported(recap, [n.name for n in nodes], "configure")
 
 
@@ -204,7 +205,8 @@ def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: f
 
 def _fetch_logs(state: ClusterState, run_id: str, forks: int, tags: str) -> Path:
     """Run playbooks/train.yml with these tags (they end by fetching every node's log and state to
-    .tfcluster/<cluster>/logs/<run-id>/); best effort: a failure is reported, not raised."""
+    .tfcluster/<cluster>/logs/<run-id>/ and removing the tasks' credentials file); best effort: a failure is
+    reported, not raised."""
     dest = state.logs / run_id
     dest.mkdir(parents=True, exist_ok=True)
     extra = _extra_vars(state, f"{tags}-vars.json", {"tf_node_logs_dest": str(dest)})
@@ -450,14 +452,16 @@ def close_run_after_down(cluster: str) -> None:
 
 
 def fetch_logs_before_down(cluster: str) -> None:
-    """Best effort: a cluster with a run gets its node logs fetched before it is destroyed."""
+    """Best effort: a cluster with a run gets its node logs fetched, and the tasks' credentials file removed
+    (a run interrupted before its finish may have left it), before it is destroyed. Without a run of this
+    cluster no task was started, so no node has the file."""
     state = ClusterState(cluster)
     run, spec = runrecord.read(state), (load_spec(state) if state.spec.exists() else None)
     if not run or not spec or not read_nodes(state.nodes):
         return
     if state.run.stat().st_mtime < state.nodes.stat().st_mtime:
         return  # the record is of a run on an earlier cluster of this name
-    with phase("fetch node logs before teardown"):
+    with phase("fetch node logs and remove the tasks' credentials before teardown"):
         _fetch_logs(state, run["run_id"], spec.node_total, "logs")
 
 
