@@ -182,7 +182,7 @@ variable "max_runtime_minutes" {
 }
 
 variable "provider_options" {
-  description = "GCP settings (all strings): project (required), zone (us-central1-a), region (derived from zone), network and subnetwork (existing ones; '' = create a network), subnet_cidr (10.20.0.0/24, for a created network), service_account_email (existing one; '' = create one with access to the bucket only), preemptible (false; true = Spot VMs), public_ip (true; false needs an existing network with Cloud NAT and network_has_nat true), network_has_nat (false), disk_size_gb (50), disk_type (pd-balanced), gpu_type (nvidia-tesla-t4)."
+  description = "GCP settings (all strings): project (required), zone (us-central1-a), region (derived from zone), network and subnetwork (existing ones; '' = create a network), subnet_cidr (10.20.0.0/24, for a created network), service_account_email (existing one, granted nothing; '' = create one limited to storage_access), preemptible (false; true = Spot VMs), public_ip (true; false needs an existing network with Cloud NAT and network_has_nat true), network_has_nat (false), disk_size_gb (50), disk_type (pd-balanced), gpu_type (nvidia-tesla-t4)."
   type        = map(string)
   validation {
     condition = alltrue([for k in keys(var.provider_options) : contains([

@@ -63,8 +63,8 @@ class GcpOptions(ProviderOptions):
         None, description="range of a created subnetwork (default 10.20.0.0/24)")
     service_account_email: Checked(matching_check(_SA_RE, "'' (create one) or a service account e-mail ending in "
                                                           ".gserviceaccount.com", optional=True)) | None = Field(
-        None, description="existing service account for the VMs ('' = create one with object access to the bucket "
-                          "only; an existing one is granted nothing)")
+        None, description="existing service account for the VMs ('' = create one limited to the cluster's runs and "
+                          "its data; an existing one is granted nothing)")
     preemptible: _Switch = Field(None, description="true = Spot VMs (default false)")
     public_ip: _Switch = Field(None, description="an ephemeral external address per VM (default true); false needs "
                                                  "network and network_has_nat")
@@ -120,7 +120,8 @@ def require_ssh_sources(spec: RunSpec, provider: str, ipv4_only: bool) -> None:
 
 @register
 class GcpProvider(TerraformProvider):
-    """Compute Engine VMs with a tag-scoped firewall and a bucket-only service account."""
+    """Compute Engine VMs with a tag-scoped firewall and a service account limited to the cluster's runs and
+    its data."""
 
     name = "gcp"
     requires_ssh_cidrs = True
