@@ -35,8 +35,10 @@ def cluster_spec(nodes: list[Node], port: int) -> dict[str, list[str]]:
 
 
 def render(state: ClusterState, nodes: list[Node], tf_port: int, strategy: str) -> dict:
-    """The inventory as a dict (groups ps, worker, chief)."""
+    """The inventory as a dict (groups ps, worker, chief). ``tf_storage``: the node's task uses object storage
+    (only such nodes get static S3 keys)."""
     children: dict[str, dict] = {}
+    storage = strategies.storage_jobs(strategy)
     for role in ROLES:
         hosts = {}
         for n in sorted((n for n in nodes if n.role == role), key=lambda n: n.index):
@@ -48,6 +50,7 @@ def render(state: ClusterState, nodes: list[Node], tf_port: int, strategy: str) 
                 "tf_role": n.role,
                 "tf_index": n.index,
                 "tf_gpus": n.gpus,
+                "tf_storage": n.role in storage,
             }
         children[role] = {"hosts": hosts}
     return {

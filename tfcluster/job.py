@@ -41,6 +41,11 @@ def model_name(spec: RunSpec) -> str:
     return model_path(spec).stem
 
 
+def dataset_base(spec: RunSpec) -> str:
+    """Where the module's make_dataset() arrays are stored, each version under ``<base>-<sha12>/``."""
+    return f"datasets/{model_name(spec)}"
+
+
 def module_sha256(spec: RunSpec) -> str:
     """The model module's content: a changed module starts a new run instead of resuming the old one."""
     return hashlib.sha256(model_path(spec).read_bytes()).hexdigest()
@@ -60,7 +65,7 @@ def job_args(spec: RunSpec) -> dict:
         "bucket": spec.storage.bucket,
         "endpoint": store.endpoint_for(spec),
         "region": spec.storage.region,
-        "dataset_base": f"datasets/{model_name(spec)}",
+        "dataset_base": dataset_base(spec),
     }
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import jinja2
 from pydantic_core import PydanticCustomError
+from tfc_harness import strategies
 
 from .config import ROLES, RunSpec, matching_check, refuse
 from .errors import ConfigError, ProvisionError
@@ -227,6 +228,7 @@ def _systems(spec: RunSpec, opts, adopted: list[AdoptedNode] | None, user: str) 
         names = [m["name"] for m in members]
         index_expr, spec_expr = _group_exprs(role, names, spec.network.tf_port)
         roles.append({"name": role, "systems": names, "gpus": node.gpus,
+                      "storage": role in strategies.storage_jobs(spec.strategy),
                       "index_expr": index_expr, "spec_expr": spec_expr})
     return systems, roles
 

@@ -46,6 +46,18 @@ def temporary_environment(extra: dict[str, str], remove: tuple[str, ...] = ()):
                 os.environ[k] = v
 
 
+def literal(value):
+    """``value`` as Terraform reads it literally from a ``.tf.json`` file, whose strings are templates:
+    ``${`` and ``%{`` in a string (a user's data key, say) are escaped as ``$${`` and ``%%{``."""
+    if isinstance(value, str):
+        return value.replace("${", "$${").replace("%{", "%%{")
+    if isinstance(value, dict):
+        return {k: literal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [literal(v) for v in value]
+    return value
+
+
 class TerraformModule:
     """A provider module driven from a per-cluster working directory."""
 
@@ -77,7 +89,7 @@ class TerraformModule:
         """Write the root configuration that calls the module with these inputs."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
         root = {
-            "module": {"cluster": {"source": str(self.module_dir), **inputs}},
+            "module": {"cluster": {"source": str(self.module_dir), **literal(inputs)}},
             "output": {"nodes": {"value": "${module.cluster.nodes}"}},
         }
         (self.work_dir / "main.tf.json").write_text(json.dumps(root, indent=2) + "\n")

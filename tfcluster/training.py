@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tfc_harness import strategies
 
-from . import ansible_run, job, poll, remote, runrecord, store, wheelhouse
+from . import access, ansible_run, job, poll, remote, runrecord, store, wheelhouse
 from .cluster import down as destroy_cluster
 from .cluster import load_spec, phase, say
 from .config import ROLES, RunSpec
@@ -35,7 +35,8 @@ def _nodes_or_fail(state: ClusterState) -> list[Node]:
 
 
 def s3_env(spec: RunSpec) -> dict[str, str]:
-    """Credentials for the nodes' env file, passed to Ansible through its environment only."""
+    """Credentials for the nodes' env file, passed to Ansible through its environment only, when the tasks
+    start (tf_node writes them on the nodes whose task uses storage; the run's finish removes them)."""
     env = store.process_env(spec)
     return {"TFCLUSTER_S3_ACCESS_KEY_ID": env.get("AWS_ACCESS_KEY_ID", ""),
             "TFCLUSTER_S3_SECRET_ACCESS_KEY": env.get("AWS_SECRET_ACCESS_KEY", "")}
@@ -79,14 +80,14 @@ def configure(spec: RunSpec) -> None:
             variables["tensorflow_wheelhouse_url"] = url
         extra = _extra_vars(state, "configure-vars.json", variables)
         recap = ansible_run.playbook(state, "site.yml", extra, forks=len(nodes),
-                                     log_file=state.logs / "configure.log", env=s3_env(spec))
+                                     log_file=state.logs / "configure.log")
     ansible_run.check_reported(recap, [n.name for n in nodes], "configure")
 
 
 # -- train -------------------------------------------------------------------------------------
 def run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
     """The settings every node gets (``run`` holds what :func:`tfcluster.job.prepare` found: the data)."""
-    prefix = f"{spec.storage.prefix}/{spec.cluster}/{run_id}"
+    prefix = access.run_prefix(spec, run_id)
     return {
         "run_id": run_id,
         "model_module": job.model_name(spec),
@@ -106,7 +107,7 @@ def run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
             "bucket": spec.storage.bucket,
             "run_prefix": prefix,
             "checkpoint_prefix": f"{prefix}/checkpoints",
-            "dataset_prefix": run.get("dataset_prefix") or f"datasets/{job.model_name(spec)}",
+            "dataset_prefix": run.get("dataset_prefix") or job.dataset_base(spec),
         },
     }
 
@@ -205,7 +206,8 @@ def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: f
 
 def _fetch_logs(state: ClusterState, run_id: str, forks: int, tags: str) -> Path:
     """Run playbooks/train.yml with these tags (they end by fetching every node's log and state to
-    .tfcluster/<cluster>/logs/<run-id>/); best effort: a failure is reported, not raised."""
+    .tfcluster/<cluster>/logs/<run-id>/ and removing the tasks' credentials file); best effort: a failure is
+    reported, not raised."""
     dest = state.logs / run_id
     dest.mkdir(parents=True, exist_ok=True)
     extra = _extra_vars(state, f"{tags}-vars.json", {"tf_node_logs_dest": str(dest)})
@@ -237,7 +239,8 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
 
 
 def _check_cluster_fits(spec: RunSpec, state: ClusterState) -> None:
-    """The nodes that are up were made for this provider, strategy and shape."""
+    """The nodes that are up were made for this provider, strategy and shape, and (where a cloud identity
+    limits them) were granted the storage this run uses."""
     def shape(s: RunSpec) -> tuple:
         return s.provider, s.strategy, [s.count(r) for r in ROLES]
 
@@ -245,6 +248,8 @@ def _check_cluster_fits(spec: RunSpec, state: ClusterState) -> None:
     if up_spec and shape(up_spec) != shape(spec):
         raise TfclusterError(f"cluster {spec.cluster} is up with another shape, strategy or provider; "
                              f"run 'make down' and 'make up' with the new settings first")
+    if up_spec and get_provider(spec.provider, state).limits_storage_access:
+        access.check_granted(access.storage_access(up_spec), access.storage_access(spec), spec.cluster)
 
 
 def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict) -> tuple[dict, dict]:
@@ -475,14 +480,16 @@ def close_run_after_down(cluster: str) -> None:
 
 
 def fetch_logs_before_down(cluster: str) -> None:
-    """Best effort: a cluster with a run gets its node logs fetched before it is destroyed."""
+    """Best effort: a cluster with a run gets its node logs fetched, and the tasks' credentials file removed
+    (a run interrupted before its finish may have left it), before it is destroyed. Without a run of this
+    cluster no task was started, so no node has the file."""
     state = ClusterState(cluster)
     run, spec = runrecord.read(state), (load_spec(state) if state.spec.exists() else None)
     if not run or not spec or not read_nodes(state.nodes):
         return
     if state.run.stat().st_mtime < state.nodes.stat().st_mtime:
         return  # the record is of a run on an earlier cluster of this name
-    with phase("fetch node logs before teardown"):
+    with phase("fetch node logs and remove the tasks' credentials before teardown"):
         _fetch_logs(state, run["run_id"], spec.node_total, "logs")
 
 

@@ -1,6 +1,6 @@
 # AWS provider: EC2 instances per role in a given or created VPC, one security group (SSH only from
-# allowed_ssh_cidrs, the TensorFlow port only between members), an instance role limited to the run's
-# S3 prefix, and instances that terminate themselves after max_runtime_minutes.
+# allowed_ssh_cidrs, the TensorFlow port only between members), an instance role limited to the cluster's
+# runs and its data (storage_access), and instances that terminate themselves after max_runtime_minutes.
 #
 # The provider block lives here so that tfcluster's generated root only has to call the module; the
 # root must therefore not use count/for_each/depends_on on this module. Credentials come from the AWS
@@ -56,6 +56,7 @@ locals {
   ssh_user = var.ssh_user == "" ? "admin" : var.ssh_user # the Debian AMIs' user
   # IAM names are global to the account: the region keeps two clusters of one name apart.
   iam_name = "tfcluster-${var.cluster_name}-${local.region}"
+  s3_arn   = "arn:${data.aws_partition.current.partition}:s3:::"
 
   roles        = ["ps", "worker", "chief"]
   counts       = { ps = var.ps_count, worker = var.worker_count, chief = var.chief_count }
@@ -240,7 +241,7 @@ resource "aws_vpc_security_group_egress_rule" "all" {
   tags              = { Name = "tfcluster-${var.cluster_name}-egress" }
 }
 
-# -- identity: the run's key pair and an instance role limited to the run's S3 prefix ---------------
+# -- identity: the run's key pair and an instance role limited to the cluster's runs and data --------
 
 resource "aws_key_pair" "cluster" {
   key_name   = "tfcluster-${var.cluster_name}"
@@ -258,30 +259,38 @@ data "aws_iam_policy_document" "assume" {
   }
 }
 
+# tfcluster/access.py states what the nodes use: their cluster's runs (the chief writes checkpoints, rotates
+# them out and publishes the model; workers may read checkpoints) and their data, which they only read and
+# never list (the controller lists it and hands each task its keys).
 data "aws_iam_policy_document" "s3" {
   statement {
-    sid     = "RunObjects"
-    actions = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
-    resources = [
-      "arn:${data.aws_partition.current.partition}:s3:::${var.bucket}/${var.prefix}/*",
-      "arn:${data.aws_partition.current.partition}:s3:::${var.bucket}/datasets/*",
-    ]
+    sid       = "ClusterRuns"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+    resources = ["${local.s3_arn}${var.bucket}/${var.storage_access.read_write}*"]
   }
   statement {
-    sid       = "ListRunPrefixes"
+    sid       = "ListClusterRuns"
     actions   = ["s3:ListBucket"]
-    resources = ["arn:${data.aws_partition.current.partition}:s3:::${var.bucket}"]
+    resources = ["${local.s3_arn}${var.bucket}"]
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["${var.prefix}/*", "datasets/*"]
+      values   = ["${var.storage_access.read_write}*"]
+    }
+  }
+  dynamic "statement" {
+    for_each = length(var.storage_access.read) > 0 ? [1] : []
+    content {
+      sid       = "ReadTrainingData"
+      actions   = ["s3:GetObject"]
+      resources = [for g in var.storage_access.read : "${local.s3_arn}${g.bucket}/${g.prefix}*"]
     }
   }
 }
 
 resource "aws_iam_role" "node" {
   name               = local.iam_name
-  description        = "tfcluster ${var.cluster_name} nodes: S3 access to s3://${var.bucket}/${var.prefix}/ and datasets/ only"
+  description        = "tfcluster ${var.cluster_name} nodes: s3://${var.bucket}/${var.storage_access.read_write} and their data (read only)"
   assume_role_policy = data.aws_iam_policy_document.assume.json
   tags               = { Name = local.iam_name }
 }
@@ -290,6 +299,12 @@ resource "aws_iam_role_policy" "s3" {
   name   = "tfcluster-run-data"
   role   = aws_iam_role.node.id
   policy = data.aws_iam_policy_document.s3.json
+  lifecycle {
+    precondition {
+      condition     = startswith(var.storage_access.read_write, "${var.prefix}/")
+      error_message = "storage_access.read_write ${var.storage_access.read_write} is not under prefix ${var.prefix}/: the nodes may write only inside the runs' prefix."
+    }
+  }
 }
 
 resource "aws_iam_instance_profile" "node" {
@@ -311,7 +326,7 @@ resource "aws_instance" "node" {
   vpc_security_group_ids      = [aws_security_group.cluster.id]
   associate_public_ip_address = local.public_ip_opt == "" ? null : local.public_ip_opt == "true"
   key_name                    = aws_key_pair.cluster.key_name
-  iam_instance_profile        = aws_iam_instance_profile.node.name
+  iam_instance_profile        = contains(var.storage_access.jobs, each.value.role) ? aws_iam_instance_profile.node.name : null
 
   # A forgotten cluster ends itself: halting the guest terminates the instance, and the user data
   # halts it max_runtime_minutes plus the configure allowance after the first boot (again after a

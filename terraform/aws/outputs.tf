@@ -28,7 +28,7 @@ output "subnet_id" {
 }
 
 output "instance_profile" {
-  description = "The nodes' instance profile (S3 access to <bucket>/<prefix>/* and <bucket>/datasets/* only)."
+  description = "The instance profile of the nodes in storage_access.jobs (S3: their cluster's runs, and their data read only)."
   value       = aws_iam_instance_profile.node.name
 }
 

@@ -125,7 +125,7 @@ variable "tf_port" {
 }
 
 variable "bucket" {
-  description = "S3 bucket of the run; the nodes' instance role may touch only <prefix>/* and datasets/* in it."
+  description = "S3 bucket of the run; the nodes' instance role may use only storage_access.read_write in it (and what storage_access.read names)."
   type        = string
   validation {
     condition     = can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", var.bucket)) && !strcontains(var.bucket, "..")
@@ -139,6 +139,36 @@ variable "prefix" {
   validation {
     condition     = can(regex("^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$", var.prefix)) && !strcontains(var.prefix, "..") && !strcontains(var.prefix, "//") && !endswith(var.prefix, "/") && !contains(["datasets"], var.prefix)
     error_message = "prefix: letters, digits, '.', '_', '-', '/' (no leading or trailing '/', no '..' or '//'), and not 'datasets' (kept for the shared datasets)."
+  }
+}
+
+variable "storage_access" {
+  description = <<-EOT
+    What the nodes' instance role may do in S3, computed by tfcluster (tfcluster/access.py):
+    jobs, the roles whose instances get the role at all (tfcluster: worker and chief; ps nodes only hold variables);
+    read_write, the key prefix in bucket of this cluster's runs (<prefix>/<cluster>/): get, put, delete and abort uploads, and list under it;
+    read, the data the cluster trains on, as bucket and key prefix ('' = the whole bucket): get only.
+  EOT
+  type = object({
+    jobs       = list(string)
+    read_write = string
+    read = list(object({
+      bucket = string
+      prefix = string
+    }))
+  })
+  validation {
+    condition     = alltrue([for j in var.storage_access.jobs : contains(["ps", "worker", "chief"], j)])
+    error_message = "storage_access.jobs: roles: ps, worker, chief."
+  }
+  validation {
+    condition     = can(regex("^[A-Za-z0-9][A-Za-z0-9._/-]*/$", var.storage_access.read_write)) && !strcontains(var.storage_access.read_write, "..") && !strcontains(var.storage_access.read_write, "//")
+    error_message = "storage_access.read_write: a key prefix ending in '/' (<prefix>/<cluster>/): letters, digits, '.', '_', '-', '/', no '..' or '//'."
+  }
+  validation {
+    condition = alltrue([for g in var.storage_access.read :
+    can(regex("^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$", g.bucket)) && can(regex("^[A-Za-z0-9!_.'()/-]*$", g.prefix))])
+    error_message = "storage_access.read: bucket names, and key prefixes of letters, digits and ! _ . ' ( ) / - only (a policy names them as they are: no wildcard, no '$')."
   }
 }
 

@@ -1,6 +1,6 @@
 # GCP provider: one Compute Engine VM per node, a network (or an existing one), firewall rules that
 # admit SSH only from allowed_ssh_cidrs and the TensorFlow gRPC port only between the cluster's own
-# instances, and a dedicated service account whose only grant is object access to the run's bucket.
+# instances, and a dedicated service account whose only grants are the cluster's runs and its data.
 #
 # tfcluster's per-cluster root calls this module without provider configuration, so the module
 # configures the google provider itself from provider_options (credentials: Application Default
@@ -159,20 +159,56 @@ resource "google_compute_firewall" "deny_ingress" {
   }
 }
 
-# --- identity: the nodes run as a service account that can only use the run's bucket ------------
+# --- identity: the nodes run as a service account limited to the cluster's runs and its data -------
 
 resource "google_service_account" "nodes" {
   count        = local.create_service_account ? 1 : 0
   account_id   = local.name
   display_name = "tfcluster ${var.cluster_name} nodes"
-  description  = "Identity of the nodes of tfcluster cluster ${var.cluster_name}: object access to bucket ${var.bucket} only."
+  description  = "Identity of the nodes of tfcluster cluster ${var.cluster_name}: objects under gs://${var.bucket}/${var.storage_access.read_write} and its data (read only)."
 }
 
-resource "google_storage_bucket_iam_member" "nodes" {
+# IAM conditions on a bucket need uniform bucket-level access; say so before any grant is tried.
+data "google_storage_bucket" "granted" {
+  for_each = local.create_service_account ? local.granted_buckets : toset([])
+  name     = each.key
+  lifecycle {
+    postcondition {
+      condition     = self.uniform_bucket_level_access == true
+      error_message = "bucket ${each.key}: turn on uniform bucket-level access (gcloud storage buckets update gs://${each.key} --uniform-bucket-level-access): the nodes' grants carry IAM conditions, which buckets with ACLs do not take."
+    }
+  }
+}
+
+# What the nodes use (storage_access), with the IAM conditions of access.tf.
+resource "google_storage_bucket_iam_member" "cluster_runs" {
   count  = local.create_service_account ? 1 : 0
-  bucket = var.bucket
-  role   = "roles/storage.objectAdmin"
+  bucket = data.google_storage_bucket.granted[var.bucket].name
+  role   = "roles/storage.objectUser"
   member = "serviceAccount:${google_service_account.nodes[0].email}"
+  condition {
+    title       = "tfcluster ${var.cluster_name} runs"
+    description = "Objects under ${var.storage_access.read_write} and listings of them"
+    expression  = local.cluster_runs_condition
+  }
+  lifecycle {
+    precondition {
+      condition     = startswith(var.storage_access.read_write, "${var.prefix}/")
+      error_message = "storage_access.read_write ${var.storage_access.read_write} is not under prefix ${var.prefix}/: the nodes may write only inside the runs' prefix."
+    }
+  }
+}
+
+resource "google_storage_bucket_iam_member" "training_data" {
+  for_each = local.create_service_account ? local.data_grants : {}
+  bucket   = data.google_storage_bucket.granted[each.value.bucket].name
+  role     = "roles/storage.objectViewer"
+  member   = "serviceAccount:${google_service_account.nodes[0].email}"
+  condition {
+    title       = "tfcluster ${var.cluster_name} training data"
+    description = "Objects under ${each.value.prefix == "" ? "(the whole bucket)" : each.value.prefix}, read only"
+    expression  = each.value.condition
+  }
 }
 
 # --- nodes ----------------------------------------------------------------------------------------
@@ -236,9 +272,13 @@ resource "google_compute_instance" "node" {
     }
   }
 
-  service_account {
-    email  = local.service_account_email
-    scopes = ["https://www.googleapis.com/auth/devstorage.read_write"]
+  # Only the roles whose tasks use storage run as the account; a ps VM has no service account at all.
+  dynamic "service_account" {
+    for_each = contains(var.storage_access.jobs, each.value.role) ? [local.service_account_email] : []
+    content {
+      email  = service_account.value
+      scopes = ["https://www.googleapis.com/auth/devstorage.read_write"]
+    }
   }
 
   metadata = {
@@ -267,6 +307,7 @@ resource "google_compute_instance" "node" {
     google_compute_firewall.ssh,
     google_compute_firewall.tf_grpc,
     google_compute_firewall.deny_ingress,
-    google_storage_bucket_iam_member.nodes,
+    google_storage_bucket_iam_member.cluster_runs,
+    google_storage_bucket_iam_member.training_data,
   ]
 }

@@ -124,7 +124,7 @@ variable "tf_port" {
 }
 
 variable "bucket" {
-  description = "Existing Cloud Storage bucket of the run; the nodes' service account gets roles/storage.objectAdmin on it (bucket-level IAM member)."
+  description = "Existing Cloud Storage bucket of the run (uniform bucket-level access on: its grants carry IAM conditions); the nodes' service account may use storage_access.read_write in it."
   type        = string
   validation {
     condition     = can(regex("^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$", var.bucket)) && !strcontains(var.bucket, "..")
@@ -133,11 +133,42 @@ variable "bucket" {
 }
 
 variable "prefix" {
-  description = "Key prefix of the run inside the bucket (recorded in instance metadata; access is granted on the whole bucket)."
+  description = "Key prefix of the runs inside the bucket (recorded in instance metadata); storage_access.read_write lies under it."
   type        = string
   validation {
     condition     = can(regex("^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$", var.prefix)) && !strcontains(var.prefix, "..")
     error_message = "prefix: letters, digits, '.', '_', '-', '/' (no leading '/', no '..'), at most 200 characters."
+  }
+}
+
+variable "storage_access" {
+  description = <<-EOT
+    What the nodes' service account may do in Cloud Storage, computed by tfcluster (tfcluster/access.py):
+    jobs, the roles whose VMs run as the account at all (tfcluster: worker and chief; ps nodes only hold variables);
+    read_write, the key prefix in bucket of this cluster's runs (<prefix>/<cluster>/): roles/storage.objectUser on the objects under it and listings of it;
+    read, the data the cluster trains on, as bucket and key prefix ('' = the whole bucket): roles/storage.objectViewer on those objects.
+    Each grant is a bucket-level IAM member with an IAM condition on the object names.
+  EOT
+  type = object({
+    jobs       = list(string)
+    read_write = string
+    read = list(object({
+      bucket = string
+      prefix = string
+    }))
+  })
+  validation {
+    condition     = alltrue([for j in var.storage_access.jobs : contains(["ps", "worker", "chief"], j)])
+    error_message = "storage_access.jobs: roles: ps, worker, chief."
+  }
+  validation {
+    condition     = can(regex("^[A-Za-z0-9][A-Za-z0-9._/-]*/$", var.storage_access.read_write)) && !strcontains(var.storage_access.read_write, "..") && !strcontains(var.storage_access.read_write, "//")
+    error_message = "storage_access.read_write: a key prefix ending in '/' (<prefix>/<cluster>/): letters, digits, '.', '_', '-', '/', no '..' or '//'."
+  }
+  validation {
+    condition = alltrue([for g in var.storage_access.read :
+    can(regex("^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$", g.bucket)) && can(regex("^[A-Za-z0-9!_.'()/-]*$", g.prefix))])
+    error_message = "storage_access.read: bucket names, and key prefixes of letters, digits and ! _ . ' ( ) / - only (an IAM condition names them as they are)."
   }
 }
 
@@ -151,7 +182,7 @@ variable "max_runtime_minutes" {
 }
 
 variable "provider_options" {
-  description = "GCP settings (all strings): project (required), zone (us-central1-a), region (derived from zone), network and subnetwork (existing ones; '' = create a network), subnet_cidr (10.20.0.0/24, for a created network), service_account_email (existing one; '' = create one with access to the bucket only), preemptible (false; true = Spot VMs), public_ip (true; false needs an existing network with Cloud NAT and network_has_nat true), network_has_nat (false), disk_size_gb (50), disk_type (pd-balanced), gpu_type (nvidia-tesla-t4)."
+  description = "GCP settings (all strings): project (required), zone (us-central1-a), region (derived from zone), network and subnetwork (existing ones; '' = create a network), subnet_cidr (10.20.0.0/24, for a created network), service_account_email (existing one, granted nothing; '' = create one limited to storage_access), preemptible (false; true = Spot VMs), public_ip (true; false needs an existing network with Cloud NAT and network_has_nat true), network_has_nat (false), disk_size_gb (50), disk_type (pd-balanced), gpu_type (nvidia-tesla-t4)."
   type        = map(string)
   validation {
     condition = alltrue([for k in keys(var.provider_options) : contains([

@@ -122,6 +122,18 @@ variable "max_runtime_minutes" {
   }
 }
 
+variable "storage_access" {
+  description = "What the nodes may do in object storage (tfcluster/access.py): jobs, read_write, read. Ignored by local: its nodes use the local store's keys, which tfcluster puts on the nodes of storage_access.jobs only while their tasks run."
+  type = object({
+    jobs       = list(string)
+    read_write = string
+    read = list(object({
+      bucket = string
+      prefix = string
+    }))
+  })
+}
+
 variable "provider_options" {
   description = "Provider-specific settings. Local: python (interpreter with tfcluster), state_dir, subnet (CIDR), bridge, veth_prefix, netns_prefix and cgroup_parent (host-side names, from tfcluster), image_root (the base image's root file system), apt_cache_dir (the apt proxy's cache), ssh_timeout, store_ip (the only address beyond the bridge a node can reach); the user's option node_memory_mb (MiB, 256-65536; unset: no limit) limits each node's memory like a VM's RAM: all its processes share one memory cgroup <cgroup_parent>/<node> without swap."
   type        = map(string)

@@ -142,6 +142,18 @@ variable "prefix" {
   }
 }
 
+variable "storage_access" {
+  description = "What the nodes may do in object storage (tfcluster/access.py): jobs, read_write, read. Ignored here: the module creates no credentials; tfcluster puts the site's S3 keys on the nodes of storage_access.jobs only, while their tasks run."
+  type = object({
+    jobs       = list(string)
+    read_write = string
+    read = list(object({
+      bucket = string
+      prefix = string
+    }))
+  })
+}
+
 variable "max_runtime_minutes" {
   description = "Hard limit of a run, counted from the start of training. Backstop: cloud-init schedules `shutdown -h +<minutes + 60>` at first boot (60 minutes for configuration); tfcluster's tf_node role re-arms it for the run's deadline plus a margin. OpenStack has no server-side run limit; a powered-off server keeps its allocation until `make down`."
   type        = number

@@ -7,7 +7,6 @@ The Terraform tests use the hashicorp/aws provider from the plugin mirror and an
 from __future__ import annotations
 
 import base64
-import fnmatch
 import ipaddress
 import json
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.cloud.conftest import AWS_PLUGIN, DEBIAN_AMI
+from tests.cloud.s3_policy import allows, normalized, refused, run_requests
 from tests.conftest import run_cli
 from tests.unit.test_terraform_interface import SHARED_INPUTS
 from tfcluster.config import resolve
@@ -141,6 +141,21 @@ def _plan(tf: TerraformModule) -> str:
     return " ".join((res.stdout + res.stderr).split())  # undo Terraform's line wrapping
 
 
+def _planned(spec, public_key: str, tmp_path: Path) -> tuple[TerraformModule, dict]:
+    """``terraform plan`` of the spec's root (nothing is created) and the plan as ``terraform show -json``."""
+    provider = AwsProvider(ClusterState(spec.cluster, root=tmp_path))
+    tf = provider.module()
+    tf.write_root(provider.inputs(spec, public_key))
+    tf.init()
+    env = dict(os.environ, **tf._env())
+    res = subprocess.run([TERRAFORM_BIN, "plan", "-input=false", "-no-color", "-lock=false", "-out=tfct.plan"],
+                         cwd=tf.work_dir, env=env, capture_output=True, text=True, timeout=150)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    shown = subprocess.run([TERRAFORM_BIN, "show", "-json", "tfct.plan"], cwd=tf.work_dir, env=env,
+                           capture_output=True, text=True, timeout=60, check=True)
+    return tf, json.loads(shown.stdout)
+
+
 @needs_aws_plugin
 def test_multi_worker_mirrored_plans_no_ps_and_grpc_only_between_members(tmp_path, moto_endpoint, aws_env,
                                                                          public_key):
@@ -148,17 +163,8 @@ def test_multi_worker_mirrored_plans_no_ps_and_grpc_only_between_members(tmp_pat
     security rules unchanged (SSH from the allowed networks, the TensorFlow port from the group only)."""
     spec = aws_spec(moto_endpoint, cluster="tfct-mwms", strategy="multi_worker_mirrored",
                     **{"nodes.ps.count": 0})
-    provider = AwsProvider(ClusterState("tfct-mwms", root=tmp_path))
-    tf = provider.module()
-    tf.write_root(provider.inputs(spec, public_key))
-    tf.init()
-    env = dict(os.environ, **tf._env())
-    res = subprocess.run([TERRAFORM_BIN, "plan", "-input=false", "-no-color", "-lock=false", "-out=mwms.plan"],
-                         cwd=tf.work_dir, env=env, capture_output=True, text=True, timeout=150)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    shown = subprocess.run([TERRAFORM_BIN, "show", "-json", "mwms.plan"], cwd=tf.work_dir, env=env,
-                           capture_output=True, text=True, timeout=60, check=True)
-    planned = [r for r in json.loads(shown.stdout)["resource_changes"] if r["change"]["actions"] == ["create"]]
+    tf, shown = _planned(spec, public_key, tmp_path)
+    planned = [r for r in shown["resource_changes"] if r["change"]["actions"] == ["create"]]
     instances = sorted(r["index"] for r in planned if r["type"] == "aws_instance")
     assert instances == ["tfct-mwms-chief-0", "tfct-mwms-worker-0", "tfct-mwms-worker-1"], instances
     rules = {r["name"]: r["change"] for r in planned if r["type"] == "aws_vpc_security_group_ingress_rule"}
@@ -174,6 +180,40 @@ def test_multi_worker_mirrored_plans_no_ps_and_grpc_only_between_members(tmp_pat
 
 
 @needs_aws_plugin
+def test_data_in_other_buckets_is_granted_read_only_on_exactly_its_prefixes(tmp_path, moto_endpoint, aws_env,
+                                                                           public_key):
+    """A cluster file whose data lie in other buckets: the planned policy lets the nodes read exactly the
+    prefixes of its URLs (the part before the first wildcard), write only the cluster's runs, and read no
+    data set; the ps instance gets no instance profile."""
+    spec = aws_spec(moto_endpoint, cluster="tfct-data", **{
+        "storage.bucket": "tfct-bucket", "storage.prefix": "team/runs",
+        "data.train": "s3://tfct-corpus/images/train-*.tfrecord", "data.test": "s3://tfct-eval/holdout/"})
+    tf, shown = _planned(spec, public_key, tmp_path)
+    planned = shown["planned_values"]["root_module"]["child_modules"][0]["resources"]
+    (policy,) = [r["values"]["policy"] for r in planned if r["address"] == "module.cluster.aws_iam_role_policy.s3"]
+    doc = json.loads(policy)
+    assert [st["Sid"] for st in doc["Statement"]] == ["ClusterRuns", "ListClusterRuns", "ReadTrainingData"]
+    assert doc["Statement"][0]["Resource"] == "arn:aws:s3:::tfct-bucket/team/runs/tfct-data/*"
+    assert normalized(doc)["Statement"][2] == {
+        "Sid": "ReadTrainingData", "Effect": "Allow", "Action": "s3:GetObject",
+        "Resource": ["arn:aws:s3:::tfct-corpus/images/train-*", "arn:aws:s3:::tfct-eval/holdout/*"]}
+    for bucket, key, readable in (("tfct-corpus", "images/train-00.tfrecord", True),
+                                  ("tfct-eval", "holdout/part/0.tfrecord", True),
+                                  ("tfct-corpus", "images/test-00.tfrecord", False),
+                                  ("tfct-eval", "other/0.tfrecord", False),
+                                  ("tfct-bucket", "datasets/digits-0123456789ab/train.npz", False)):
+        assert allows(doc, "s3:GetObject", f"arn:aws:s3:::{bucket}/{key}", {}) is readable, (bucket, key)
+        assert not allows(doc, "s3:PutObject", f"arn:aws:s3:::{bucket}/{key}", {})
+        assert not allows(doc, "s3:DeleteObject", f"arn:aws:s3:::{bucket}/{key}", {})
+        assert not allows(doc, "s3:ListBucket", f"arn:aws:s3:::{bucket}", {"s3:prefix": key})
+    profiles = {r["index"]: r["values"].get("iam_instance_profile") for r in planned if r["type"] == "aws_instance"}
+    assert profiles == {"tfct-data-ps-0": None, "tfct-data-worker-0": "tfcluster-tfct-data-us-east-1",
+                        "tfct-data-worker-1": "tfcluster-tfct-data-us-east-1",
+                        "tfct-data-chief-0": "tfcluster-tfct-data-us-east-1"}
+    assert not tf.has_resources()
+
+
+@needs_aws_plugin
 def test_module_refuses_bad_values_before_creating_anything(tmp_path, moto_endpoint, aws_env, public_key):
     provider = AwsProvider(ClusterState("tfct-bad", root=tmp_path))
     tf = provider.module()
@@ -181,9 +221,11 @@ def test_module_refuses_bad_values_before_creating_anything(tmp_path, moto_endpo
     inputs.update(tf_port=80, allowed_ssh_cidrs=[])
     inputs["provider_options"]["spot"] = "maybe"
     inputs["provider_options"]["associate_public_ip"] = "false"
+    inputs["storage_access"]["read"] = [{"bucket": "tfct-data", "prefix": "sets/${x}*"}]
     tf.write_root(inputs)
     tf.init()
     out = _plan(tf)
+    assert "storage_access.read: bucket names, and key prefixes of letters, digits and" in out
     assert 'provider_options.associate_public_ip: "false" only with a subnet_id whose route' in out
     assert "tf_port: a whole number from 1024 to 65535." in out
     assert "allowed_ssh_cidrs: at least one network must be listed" in out and "0.0.0.0/0" in out
@@ -192,8 +234,12 @@ def test_module_refuses_bad_values_before_creating_anything(tmp_path, moto_endpo
     # a GPU count the instance type cannot give: the precondition reads the type from the EC2 API
     spec = aws_spec(moto_endpoint, cluster="tfct-bad", **{"nodes.worker.gpus": 1,
                                                           "nodes.worker.instance_type": "c6i.large"})
-    tf.write_root(provider.inputs(spec, public_key))
-    assert "gpus.worker = 1 needs an instance type with at least that many GPUs; c6i.large has 0" in _plan(tf)
+    inputs = provider.inputs(spec, public_key)
+    inputs["storage_access"]["read_write"] = "elsewhere/tfct-bad/"   # outside the runs' prefix
+    tf.write_root(inputs)
+    out = _plan(tf)
+    assert "gpus.worker = 1 needs an instance type with at least that many GPUs; c6i.large has 0" in out
+    assert "storage_access.read_write elsewhere/tfct-bad/ is not under prefix runs/" in out
     assert not tf.has_resources()
 
 
@@ -209,6 +255,12 @@ def test_example_validates(tmp_path):
 
 def _tags(items) -> dict:
     return {t["Key"]: t["Value"] for t in items or []}
+
+
+def role_policy(iam, role: str = ROLE_NAME) -> dict:
+    """The nodes' inline policy as the IAM API returns it."""
+    doc = iam.get_role_policy(RoleName=role, PolicyName="tfcluster-run-data")["PolicyDocument"]
+    return json.loads(doc) if isinstance(doc, str) else doc
 
 
 @needs_aws_plugin
@@ -257,7 +309,10 @@ def test_up_inspect_down(tmp_path, moto_endpoint, aws_env, public_key, monkeypat
             assert inst["PrivateIpAddress"] == n.private_ip
             assert inst["ImageId"] == DEBIAN_AMI  # the module's Debian 12 lookup (not backports, not another owner)
             assert inst["KeyName"] == f"tfcluster-{CLUSTER}"
-            assert inst["IamInstanceProfile"]["Arn"].endswith(f":instance-profile/{ROLE_NAME}")
+            if n.role == "ps":  # a parameter server only holds variables: no identity, no S3 at all
+                assert "IamInstanceProfile" not in inst, inst.get("IamInstanceProfile")
+            else:
+                assert inst["IamInstanceProfile"]["Arn"].endswith(f":instance-profile/{ROLE_NAME}")
             assert inst.get("InstanceLifecycle") == "spot"
             assert inst["MetadataOptions"]["HttpTokens"] == "required"
             group_ids |= {g["GroupId"] for eni in inst["NetworkInterfaces"] for g in eni["Groups"]}
@@ -301,7 +356,7 @@ def test_up_inspect_down(tmp_path, moto_endpoint, aws_env, public_key, monkeypat
         (kp,) = ec2.describe_key_pairs(KeyNames=[f"tfcluster-{CLUSTER}"])["KeyPairs"]
         assert _tags(kp["Tags"])["tfcluster:cluster"] == CLUSTER
 
-        # the instance role: assumable by EC2 only, one inline policy limited to the run's prefix
+        # the instance role: assumable by EC2 only, one inline policy: the cluster's runs, its data read only
         role = iam.get_role(RoleName=ROLE_NAME)["Role"]
         assert _tags(role["Tags"])["tfcluster:cluster"] == CLUSTER
         trust = role["AssumeRolePolicyDocument"]
@@ -309,24 +364,36 @@ def test_up_inspect_down(tmp_path, moto_endpoint, aws_env, public_key, monkeypat
         assert [s["Principal"] for s in trust["Statement"]] == [{"Service": "ec2.amazonaws.com"}]
         assert iam.list_attached_role_policies(RoleName=ROLE_NAME)["AttachedPolicies"] == []
         assert iam.list_role_policies(RoleName=ROLE_NAME)["PolicyNames"] == ["tfcluster-run-data"]
-        doc = iam.get_role_policy(RoleName=ROLE_NAME, PolicyName="tfcluster-run-data")["PolicyDocument"]
-        doc = json.loads(doc) if isinstance(doc, str) else doc
-        statements = {s["Sid"]: s for s in doc["Statement"]}
-        assert set(statements) == {"RunObjects", "ListRunPrefixes"}
-        objects, listing = statements["RunObjects"], statements["ListRunPrefixes"]
-        assert all(s["Effect"] == "Allow" for s in statements.values())
-        assert sorted(objects["Action"]) == ["s3:DeleteObject", "s3:GetObject", "s3:PutObject"]
-        assert sorted(objects["Resource"]) == ["arn:aws:s3:::tfct-bucket/datasets/*",
-                                               "arn:aws:s3:::tfct-bucket/team/runs/*"]
-        assert listing["Action"] == "s3:ListBucket" and listing["Resource"] == "arn:aws:s3:::tfct-bucket"
-        assert sorted(listing["Condition"]["StringLike"]["s3:prefix"]) == ["datasets/*", "team/runs/*"]
-        # issue 8 item 4: a HEAD of a missing key would be 403 under this role (no unconditional ListBucket);
-        # s3io.exists lists with the key as prefix instead, which this condition admits for the keys the
-        # chief looks for (the run's _SUCCESS, the dataset's files), and nothing outside them
-        prefixes = listing["Condition"]["StringLike"]["s3:prefix"]
-        for key in ("team/runs/tfct-aws/20260101-abcd/_SUCCESS", "datasets/digits/train.npz"):
-            assert any(fnmatch.fnmatchcase(key, p) for p in prefixes), key
-        assert not any(fnmatch.fnmatchcase("other/runs/x/_SUCCESS", p) for p in prefixes)
+        doc = role_policy(iam)
+        print("\nthe nodes' policy as IAM returns it:\n" + json.dumps(doc, indent=2))
+        assert normalized(doc) == {"Version": "2012-10-17", "Statement": [
+            {"Sid": "ClusterRuns", "Effect": "Allow",
+             "Action": ["s3:AbortMultipartUpload", "s3:DeleteObject", "s3:GetObject", "s3:PutObject"],
+             "Resource": "arn:aws:s3:::tfct-bucket/team/runs/tfct-aws/*"},
+            {"Sid": "ListClusterRuns", "Effect": "Allow", "Action": "s3:ListBucket",
+             "Resource": "arn:aws:s3:::tfct-bucket",
+             "Condition": {"StringLike": {"s3:prefix": "team/runs/tfct-aws/*"}}},
+            {"Sid": "ReadTrainingData", "Effect": "Allow", "Action": "s3:GetObject",
+             "Resource": "arn:aws:s3:::tfct-bucket/datasets/digits-*"},
+        ]}
+        # what a run's tasks ask of S3, made by the harness's own code against the emulator, is all allowed
+        # (s3io.exists lists with the key as the prefix: a HEAD of a missing key would be 403 under it) ...
+        boto3.client("s3", **kw).create_bucket(Bucket="tfct-bucket")
+        stored_by, asked = run_requests(spec, moto_endpoint, tmp_path / "run")
+        assert {op for op, _ in asked} >= {"GetObject", "ListObjectsV2", "PutObject", "DeleteObjects"}, asked
+        assert refused(doc, asked) == []
+        # ... and nothing else: not the data set the controller stored (nodes only read data), not another
+        # cluster's runs, not a listing above the cluster's prefix
+        assert len(refused(doc, stored_by)) == len(stored_by) > 0, stored_by
+        for action, resource, context in (
+                ("s3:PutObject", "arn:aws:s3:::tfct-bucket/team/runs/other/20260101-abcd/_SUCCESS", {}),
+                ("s3:GetObject", "arn:aws:s3:::tfct-bucket/team/runs/other/20260101-abcd/metrics.json", {}),
+                ("s3:DeleteObject", "arn:aws:s3:::tfct-bucket/datasets/digits-0123456789ab/train.npz", {}),
+                ("s3:GetObject", "arn:aws:s3:::tfct-bucket/datasets/cancer-0123456789ab/train.npz", {}),
+                ("s3:GetObject", "arn:aws:s3:::tfct-other/datasets/digits-0123456789ab/train.npz", {}),
+                ("s3:ListBucket", "arn:aws:s3:::tfct-bucket", {"s3:prefix": "team/runs/"}),
+                ("s3:ListBucket", "arn:aws:s3:::tfct-bucket", {})):
+            assert not allows(doc, action, resource, context), (action, resource, context)
         profile = iam.get_instance_profile(InstanceProfileName=ROLE_NAME)["InstanceProfile"]
         assert [r["RoleName"] for r in profile["Roles"]] == [ROLE_NAME]
 

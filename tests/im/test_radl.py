@@ -295,7 +295,7 @@ def test_cloud_nodes_without_ssh_sources_are_refused_not_opened():
 
 # -- issue 8 item 8: what IM's own contextualization needs from the configure sections ------------------
 
-INVENTORY_VARS = {"tf_role", "tf_index", "tf_port", "tf_cluster_spec", "tf_node_count", "tf_gpus"}
+INVENTORY_VARS = {"tf_role", "tf_index", "tf_port", "tf_cluster_spec", "tf_node_count", "tf_gpus", "tf_storage"}
 
 
 def _recipe(parsed, role: str) -> dict:
@@ -320,6 +320,7 @@ def test_configure_sections_set_only_variables_their_roles_declare_and_what_they
         # no wheelhouse URL: the tensorflow role installs from the node's package index
         assert (v["tensorflow_source"], v["tensorflow_wheelhouse_url"]) == ("index", "")
         assert v["tf_gpus"] == (2 if role == "worker" else 0)
+        assert v["tf_storage"] is (role != "ps")   # a ps task never uses object storage: no keys for it
         assert ("gpu_driver" in applied) is (role == "worker")
         assert applied.index("common") < applied.index("tensorflow") < applied.index("tf_node")
 

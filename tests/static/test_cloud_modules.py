@@ -284,20 +284,114 @@ def test_gcp_instances_carry_the_tag_the_key_the_identity_and_the_run_limit():
     (sched,) = node["scheduling"]
     assert sched["instance_termination_action"] == "DELETE"
     assert sched["max_run_duration"] == [{"seconds": "${local.halt_after_minutes * 60}"}]
-    (sa,) = node["service_account"]
-    assert sa["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_write"]
-    (gpu,) = node["dynamic"][0].values()
+    dynamic = {name: block for d in node["dynamic"] for name, block in d.items()}
+    # only the jobs whose tasks use storage run as the service account: a ps VM has none
+    sa = dynamic["service_account"]
+    assert sa["for_each"] == ("${contains(var.storage_access.jobs, each.value.role) ? "
+                              "[local.service_account_email] : []}")
+    assert sa["content"] == [{"email": "${service_account.value}",
+                              "scopes": ["https://www.googleapis.com/auth/devstorage.read_write"]}]
+    gpu = dynamic["guest_accelerator"]
     assert gpu["content"][0]["count"] == "${local.gpus[each.value.role]}"
     assert '"TERMINATE"' in local("gcp", "on_host_maintenance")
 
 
-def test_gcp_identity_is_limited_to_the_bucket():
+def test_gcp_identity_is_limited_to_the_cluster_runs_and_its_data():
+    """Two conditional bucket-level grants and nothing else: objectUser on the cluster's runs, objectViewer on
+    each data prefix (issue 14: no bucket-wide objectAdmin); conditions need uniform bucket-level access."""
     types = resource_types("gcp")
     assert not {t for t in types if t.startswith(("google_project_iam", "google_service_account_key"))}, types
-    (member,) = resources("gcp", "google_storage_bucket_iam_member").values()
-    assert member["bucket"] == "${var.bucket}"
-    assert member["role"] == "roles/storage.objectAdmin"
-    assert member["member"] == "serviceAccount:${google_service_account.nodes[0].email}"
+    assert not {t for t in types if t.endswith(("_iam_binding", "_iam_policy"))}, types  # members only: no
+    members = resources("gcp", "google_storage_bucket_iam_member")                        # one else's grants lost
+    assert set(members) == {"cluster_runs", "training_data"}
+    runs, data = members["cluster_runs"], members["training_data"]
+    assert (runs["role"], data["role"]) == ("roles/storage.objectUser", "roles/storage.objectViewer")
+    for member in members.values():
+        assert member["member"] == "serviceAccount:${google_service_account.nodes[0].email}"
+    assert runs["bucket"] == "${data.google_storage_bucket.granted[var.bucket].name}"
+    assert runs["condition"][0]["expression"] == "${local.cluster_runs_condition}"
+    assert data["for_each"] == "${local.create_service_account ? local.data_grants : {}}"
+    assert data["bucket"] == "${data.google_storage_bucket.granted[each.value.bucket].name}"
+    assert data["condition"][0]["expression"] == "${each.value.condition}"
+    (check,) = runs["lifecycle"][0]["precondition"]
+    assert check["condition"] == '${startswith(var.storage_access.read_write, "${var.prefix}/")}'
+    buckets = [named["granted"] for block in module_config("gcp")["data"]
+               for dtype, named in block.items() if dtype == "google_storage_bucket"]
+    assert [b["for_each"] for b in buckets] == ["${local.create_service_account ? local.granted_buckets : toset([])}"]
+    (ubla,) = buckets[0]["lifecycle"][0]["postcondition"]
+    assert ubla["condition"] == "${self.uniform_bucket_level_access == true}"
+
+
+_CEL_TERM = re.compile(r'resource\.name\.startsWith\("([^"\\]*)"\)'
+                       r'|api\.getAttribute\("storage\.googleapis\.com/objectListPrefix", ""\)'
+                       r'\.startsWith\("([^"\\]*)"\)')
+
+
+def cel_allows(expression: str, name: str, list_prefix: str | None = None) -> bool:
+    """The conditions access.tf writes, evaluated for one request: ``name`` is the resource's name (an
+    object's, or the bucket's for a listing with ``list_prefix``). Only the two forms of term it uses, joined
+    by ``||``, are understood; anything else fails the test."""
+    result = False
+    for term in expression.split(" || "):
+        match = _CEL_TERM.fullmatch(term)
+        assert match, f"unexpected condition term {term!r}"
+        obj, listing = match.groups()
+        result |= name.startswith(obj) if obj is not None else (list_prefix or "").startswith(listing)
+    return result
+
+
+@pytest.mark.skipif(not Path(TERRAFORM_BIN).exists() and not shutil.which(TERRAFORM_BIN), reason="no terraform")
+def test_gcp_conditions_evaluated_by_terraform(tmp_path):
+    """The IAM conditions for a cluster file with data in another bucket, computed by tfcluster/access.py and
+    rendered by Terraform itself (variables.tf and access.tf: no provider needed), then applied to the names
+    the nodes use: the cluster's runs read-write and listable, exactly the data prefixes readable, no more."""
+    from tfcluster.access import storage_access
+    from tfcluster.config import resolve
+
+    spec = resolve(overrides={"cluster": "exp1", "storage.bucket": "tfct-runs", "storage.prefix": "team/runs",
+                              "data.train": "s3://tfct-data/sets/train-*.tfrecord",
+                              "data.test": "s3://tfct-data/eval/"})
+    shutil.copy(MODULES["gcp"] / "variables.tf", tmp_path / "variables.tf")
+    shutil.copy(MODULES["gcp"] / "access.tf", tmp_path / "access.tf")
+    inputs = {**GOOD, "bucket": "tfct-runs", "prefix": "team/runs", "provider_options": GOOD_OPTIONS["gcp"],
+              "storage_access": storage_access(spec).module_input()}
+    (tmp_path / "inputs.tfvars.json").write_text(json.dumps(inputs))
+    env = terraform_env(tmp_path)
+    subprocess.run([TERRAFORM_BIN, "init", "-input=false", "-backend=false"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=120)
+    res = subprocess.run([TERRAFORM_BIN, "console", "-var-file=inputs.tfvars.json"], cwd=tmp_path, env=env,
+                         input="jsonencode([local.cluster_runs_condition, local.data_grants, local.granted_buckets])\n",
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    runs, data, buckets = json.loads(json.loads(res.stdout))
+    assert runs == ('resource.name.startsWith("projects/_/buckets/tfct-runs/objects/team/runs/exp1/") || '
+                    'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("team/runs/exp1/")')
+    assert data == {
+        "tfct-data/eval/": {"bucket": "tfct-data", "prefix": "eval/", "condition":
+                            'resource.name.startsWith("projects/_/buckets/tfct-data/objects/eval/")'},
+        "tfct-data/sets/train-": {"bucket": "tfct-data", "prefix": "sets/train-", "condition":
+                                  'resource.name.startsWith("projects/_/buckets/tfct-data/objects/sets/train-")'},
+    }
+    assert sorted(buckets) == ["tfct-data", "tfct-runs"]
+
+    def obj(bucket: str, key: str) -> str:
+        return f"projects/_/buckets/{bucket}/objects/{key}"
+
+    run = "team/runs/exp1/20260101-abcd"
+    for key in (f"{run}/checkpoints/ckpt-100.index", f"{run}/model/saved_model.pb", f"{run}/_SUCCESS"):
+        assert cel_allows(runs, obj("tfct-runs", key)), key
+    for prefix in (f"{run}/checkpoints/", f"{run}/_SUCCESS"):  # what the harness lists
+        assert cel_allows(runs, "projects/_/buckets/tfct-runs", list_prefix=prefix), prefix
+    for key in ("team/runs/exp2/x/_SUCCESS", "datasets/digits-0123456789ab/train.npz", "team/runs/exp1"):
+        assert not cel_allows(runs, obj("tfct-runs", key)), key
+    for prefix in ("", "team/runs/", "team/runs/exp2/"):
+        assert not cel_allows(runs, "projects/_/buckets/tfct-runs", list_prefix=prefix), prefix
+    readable = [g["condition"] for g in data.values()]
+    for key in ("sets/train-00.tfrecord", "eval/part-0.tfrecord"):
+        assert any(cel_allows(c, obj("tfct-data", key)) for c in readable), key
+    for bucket, key in (("tfct-data", "sets/other.tfrecord"), ("tfct-data", "private/x"), ("tfct-runs", "eval/x")):
+        assert not any(cel_allows(c, obj(bucket, key)) for c in readable), (bucket, key)
+    assert not any(cel_allows(c, "projects/_/buckets/tfct-data", list_prefix="sets/") for c in readable)
 
 
 # --- OpenStack: security-group intent --------------------------------------------------------------
@@ -384,6 +478,8 @@ GOOD = {
     "gpus": {"ps": 0, "worker": 0, "chief": 0}, "ssh_public_key": KEY, "ssh_user": "",
     "allowed_ssh_cidrs": ["203.0.113.0/24"], "tf_port": 2222, "bucket": "tfcluster", "prefix": "runs",
     "max_runtime_minutes": 60,
+    "storage_access": {"jobs": ["worker", "chief"], "read_write": "runs/exp1/",
+                       "read": [{"bucket": "tfcluster", "prefix": "datasets/digits-"}]},
 }
 GOOD_OPTIONS = {"gcp": {"project": "my-project-123"}, "openstack": {"external_network": "public"}}
 # (module, input, bad value, text the error must contain)
@@ -400,6 +496,10 @@ BAD = [
     ("gcp", "provider_options", {"project": "my-project-123", "public_ip": "false", "network": "n"},
      "network_has_nat true"),
     ("gcp", "ssh_user", "root", "other than root"),
+    ("gcp", "storage_access", {**GOOD["storage_access"], "jobs": ["boss"]}, "storage_access.jobs"),
+    ("gcp", "storage_access", {**GOOD["storage_access"], "read_write": "runs/exp1"}, "ending in '/'"),
+    ("gcp", "storage_access", {**GOOD["storage_access"], "read": [{"bucket": "tfcluster", "prefix": "a$b/"}]},
+     "storage_access.read"),
     ("openstack", "allowed_ssh_cidrs", [], "at least one CIDR"),
     ("openstack", "provider_options", {}, "provider_options.external_network: required"),
     ("openstack", "provider_options", {"external_network": "public", "colour": "red"}, "known keys are"),

@@ -12,7 +12,7 @@ from tfcluster.providers.local import LocalProvider
 
 SHARED_INPUTS = {"cluster_name", "ps_count", "worker_count", "chief_count", "instance_types", "images", "gpus",
                  "ssh_public_key", "ssh_user", "allowed_ssh_cidrs", "tf_port", "bucket", "prefix",
-                 "max_runtime_minutes", "provider_options"}
+                 "max_runtime_minutes", "storage_access", "provider_options"}
 NODE_KEYS = {"name", "role", "index", "private_ip", "public_ip", "ssh_user", "ssh_port", "gpus"}
 
 

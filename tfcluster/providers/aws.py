@@ -94,6 +94,7 @@ class AwsProvider(TerraformProvider):
     halts_vm = True
     preemption_notice = "aws"   # a spot instance's interruption notice, in the instance metadata
     halt_effect = "the instance terminates (its shutdown behaviour)"
+    limits_storage_access = True
     default_image = DefaultImage("Debian 12 (official AMI of account 136693071363, amd64 or arm64)", "3.11", "admin")
     options_model = AwsOptions
     unsupported = {

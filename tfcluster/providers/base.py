@@ -15,6 +15,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .. import terraform
+from ..access import check_grantable, storage_access
 from ..config import ROLES, RunSpec, config_error
 from ..errors import ConfigError, ProvisionError
 from ..paths import TERRAFORM_DIR, ClusterState
@@ -146,6 +147,9 @@ class Provider(ABC):
     gone: ClassVar[str] = "no node or cloud resource of it remains"
     #: the image of nodes whose nodes.<role>.image is '' (None: no default image; its Python is unknown here)
     default_image: ClassVar[DefaultImage | None] = None
+    #: the nodes' cloud identity may use only the storage of :func:`tfcluster.access.storage_access` at ``up``
+    #: (a run that needs more is refused until ``up`` grants it)
+    limits_storage_access: ClassVar[bool] = False
     #: the nodes are VMs of their own that may halt themselves (never true of local nodes: they share the
     #: host's kernel, and `shutdown` there would halt the controller's machine)
     halts_vm: ClassVar[bool] = False
@@ -269,6 +273,8 @@ class TerraformProvider(Provider):
                               "no open default; SSH is open to the internet only if 0.0.0.0/0 or ::/0 is listed)")
         if self.default_image:
             check_default_image(spec, self.name, self.default_image)
+        if self.limits_storage_access:
+            check_grantable(spec, self.name)
 
     def module(self) -> TerraformModule:
         return TerraformModule(TERRAFORM_DIR / self.name, self.state.terraform_dir)
@@ -293,6 +299,7 @@ class TerraformProvider(Provider):
             "bucket": spec.storage.bucket,
             "prefix": spec.storage.prefix,
             "max_runtime_minutes": spec.max_runtime_minutes,
+            "storage_access": storage_access(spec).module_input(),
             "provider_options": self.provider_options(spec),
         }
 

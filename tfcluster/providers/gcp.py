@@ -63,8 +63,8 @@ class GcpOptions(ProviderOptions):
         None, description="range of a created subnetwork (default 10.20.0.0/24)")
     service_account_email: Checked(matching_check(_SA_RE, "'' (create one) or a service account e-mail ending in "
                                                           ".gserviceaccount.com", optional=True)) | None = Field(
-        None, description="existing service account for the VMs ('' = create one with object access to the bucket "
-                          "only; an existing one is granted nothing)")
+        None, description="existing service account for the VMs ('' = create one limited to the cluster's runs and "
+                          "its data; an existing one is granted nothing)")
     preemptible: _Switch = Field(None, description="true = Spot VMs (default false)")
     public_ip: _Switch = Field(None, description="an ephemeral external address per VM (default true); false needs "
                                                  "network and network_has_nat")
@@ -120,7 +120,8 @@ def require_ssh_sources(spec: RunSpec, provider: str, ipv4_only: bool) -> None:
 
 @register
 class GcpProvider(TerraformProvider):
-    """Compute Engine VMs with a tag-scoped firewall and a bucket-only service account."""
+    """Compute Engine VMs with a tag-scoped firewall and a service account limited to the cluster's runs and
+    its data."""
 
     name = "gcp"
     preemption_notice = "gcp"   # a spot / preemptible VM's notice, in the instance metadata
@@ -129,6 +130,7 @@ class GcpProvider(TerraformProvider):
     halt_effect = ("the VM powers off; Compute Engine deletes it when its max_run_duration (the boot-time halt's "
                    "minutes) has passed")
     plan_needs = "the hashicorp/google provider and Google Cloud credentials (Application Default Credentials)"
+    limits_storage_access = True
     default_image = DefaultImage("Debian 12 (image family debian-cloud/debian-12)", "3.11", "debian")
     unsupported = {"ipv6": "the VMs get IPv4 addresses only, so SSH sources must be IPv4 CIDR blocks"}
     options_model = GcpOptions

@@ -104,11 +104,17 @@ def ensure_dataset(s3_client, bucket: str, base_prefix: str, module: ModuleType 
     return store_splits(s3_client, bucket, base_prefix, splits_from_module(usermodel.load(module)))
 
 
+def versions_prefix(base_prefix: str) -> str:
+    """The key prefix every content-named data set of ``base_prefix`` starts with (``datasets/digits`` ->
+    ``datasets/digits-``): what a node that reads this module's data sets needs access to."""
+    return f"{base_prefix.strip('/')}-"
+
+
 def store_splits(s3_client, bucket: str, base_prefix: str, splits: dict) -> dict:
     """Upload checked splits under ``<base_prefix>-<hash12>/`` unless that content is there (see
     :func:`ensure_dataset`, which returns the same)."""
     digest = content_hash(splits)
-    prefix = f"{base_prefix.strip('/')}-{digest[:12]}"
+    prefix = versions_prefix(base_prefix) + digest[:12]
     keys = [split_key(prefix, s) for s in SPLITS]
     uploaded = not all(s3io.exists(s3_client, bucket, k) for k in keys)
     if uploaded:

@@ -64,11 +64,18 @@ def matches(key: str, pattern: str) -> bool:
     return len(keys) == len(parts) and all(fnmatch.fnmatchcase(k, p) for k, p in zip(keys, parts, strict=True))
 
 
+def listed_prefix(url: str) -> tuple[str, str]:
+    """``(bucket, key prefix)`` under which every file ``url`` names lies (what is listed to find them):
+    the prefix itself, or a glob's literal part (``s3://b/d/train-*.csv`` -> ``("b", "d/train-")``)."""
+    bucket, pattern = parse_url(url)
+    return bucket, pattern if is_prefix(pattern) else literal_prefix(pattern)
+
+
 def list_files(s3_client, url: str) -> list[dict]:
     """The files ``url`` names, sorted by key: ``[{"key", "size", "etag"}]``; [] when nothing matches.
     Empty objects (markers such as Spark's ``_SUCCESS``) hold no examples and are left out."""
-    bucket, pattern = parse_url(url)
-    prefix = pattern if is_prefix(pattern) else literal_prefix(pattern)
+    _, pattern = parse_url(url)
+    bucket, prefix = listed_prefix(url)
 
     def pages():
         return list(s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix))

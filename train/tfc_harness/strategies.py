@@ -42,6 +42,15 @@ _IMPLEMENTATIONS = {
 JOB_ORDER = ("ps", "worker", "chief")
 
 
+# The jobs whose tasks use object storage: the training jobs (each reads its data) and the chief (it also reads
+# and writes the run's checkpoints and publishes the model).  A ps task only holds variables: its node gets
+# no storage credentials and no cloud identity (see tfcluster.access).
+def storage_jobs(strategy: str) -> tuple[str, ...]:
+    """The jobs of ``strategy`` whose tasks read or write object storage, in :data:`JOB_ORDER`."""
+    shape_for(strategy)
+    return tuple(job for job in JOB_ORDER if job in TRAINING_JOBS[strategy] or job == "chief")
+
+
 def names() -> tuple[str, ...]:
     """The strategy names, for ``strategy:`` choices and error messages."""
     return tuple(SHAPES)

@@ -29,6 +29,12 @@ module "cluster" {
   bucket              = "my-tfcluster-bucket"
   prefix              = "runs"
   max_runtime_minutes = 120
+  # What the nodes' instance role may use: tfcluster/access.py computes it from the cluster file.
+  storage_access = {
+    jobs       = ["worker", "chief"]                                               # ps nodes get no role
+    read_write = "runs/tfc-example/"                                               # <prefix>/<cluster>/
+    read       = [{ bucket = "my-tfcluster-bucket", prefix = "datasets/digits-" }] # the data, read only
+  }
   provider_options = {
     region = "us-east-1"
     spot   = "false"

@@ -19,6 +19,12 @@ module "cluster" {
   bucket              = "my-tfcluster-runs"
   prefix              = "runs"
   max_runtime_minutes = 120
+  # What the nodes' service account may use (tfcluster/access.py computes it): ps VMs run without one.
+  storage_access = {
+    jobs       = ["worker", "chief"]
+    read_write = "runs/exp1/"
+    read       = [{ bucket = "my-tfcluster-runs", prefix = "datasets/digits-" }]
+  }
 
   provider_options = {
     project  = "my-project-123"

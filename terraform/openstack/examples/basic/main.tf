@@ -20,6 +20,12 @@ module "cluster" {
   bucket              = "tfcluster"
   prefix              = "runs"
   max_runtime_minutes = 120
+  # Ignored on OpenStack (tfcluster/access.py computes it): the site's S3 keys go to these jobs only.
+  storage_access = {
+    jobs       = ["worker", "chief"]
+    read_write = "runs/exp1/"
+    read       = [{ bucket = "tfcluster", prefix = "datasets/digits-" }]
+  }
 
   provider_options = {
     cloud            = "mysite"

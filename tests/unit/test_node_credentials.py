@@ -1,0 +1,106 @@
+"""Static S3 keys (a site's store, the local one) reach only the nodes whose task uses object storage, when
+their tasks start, and are removed when the run's tasks stop and before teardown (issue 14).
+
+The tf_node role's own tasks run here for real, on this machine (Ansible's local connection), through the
+inventory tfcluster renders; each node's env file is a file of its own under the test's directory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tfcluster import ansible_run, inventory
+from tfcluster.paths import ClusterState
+from tfcluster.providers.base import Node
+
+KEY_ID, SECRET = "AKIATFCTCANARY0001", "tfct-canary-secret-7c1d"
+SHAPES = {"parameter_server": {"ps": 1, "worker": 2, "chief": 1},
+          "multi_worker_mirrored": {"worker": 2, "chief": 1}}
+
+
+def local_cluster(tmp_path, strategy: str) -> tuple[ClusterState, dict]:
+    """The rendered inventory, its hosts reached with the local connection; each host's env file path."""
+    nodes = [Node(f"c-{role}-{i}", role, i, f"10.0.0.{10 + n}", f"10.0.0.{10 + n}", "root", 22, 0)
+             for n, (role, i) in enumerate((r, i) for r, count in SHAPES[strategy].items() for i in range(count))]
+    state = ClusterState("c", root=tmp_path)
+    state.dir.mkdir(parents=True)
+    inv = inventory.render(state, nodes, 2222, strategy)
+    env_files = {}
+    for group in inv["all"]["children"].values():
+        for name, hostvars in group["hosts"].items():
+            env_files[name] = tmp_path / "nodes" / name / "task.env"
+            env_files[name].parent.mkdir(parents=True)
+            hostvars.update(ansible_connection="local", tf_node_env_file=str(env_files[name]))
+    state.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return state, env_files
+
+
+def start_credentials(state: ClusterState, keys: dict[str, str]) -> subprocess.CompletedProcess:
+    """What the start tasks do first (tf_node tasks_from credentials), with the controller's keys in
+    Ansible's environment as tfcluster passes them (training.s3_env)."""
+    play = state.dir / "credentials.yml"
+    play.write_text(yaml.safe_dump([{"name": "Credentials", "hosts": "all", "gather_facts": False, "tasks": [
+        {"name": "Put the credentials in place", "ansible.builtin.include_role": {
+            "name": "tf_node", "tasks_from": "credentials"}}]}]))
+    return subprocess.run([str(ansible_run.BIN / "ansible-playbook"), "-i", str(state.inventory), str(play)],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                          env=ansible_run.environment(state, keys))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the role writes a root-owned file")
+@pytest.mark.parametrize("strategy", SHAPES)
+def test_keys_only_on_storage_nodes_and_gone_after_the_run(tmp_path, strategy):
+    state, env_files = local_cluster(tmp_path, strategy)
+    keys = {"TFCLUSTER_S3_ACCESS_KEY_ID": KEY_ID, "TFCLUSTER_S3_SECRET_ACCESS_KEY": SECRET}
+    res = start_credentials(state, keys)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert SECRET not in res.stdout + res.stderr  # no_log
+    for name, path in env_files.items():
+        if name.startswith("c-ps-"):  # a parameter server never touches object storage
+            assert not path.exists(), name
+        else:
+            assert path.read_text() == f"AWS_ACCESS_KEY_ID={KEY_ID}\nAWS_SECRET_ACCESS_KEY={SECRET}\n", name
+            assert oct(path.stat().st_mode & 0o777) == "0o600", name
+
+    # the run's finish and the teardown (playbooks/train.yml, tags finish / logs) remove them everywhere
+    recap = ansible_run.playbook(state, "train.yml", tags="logs", log_file=tmp_path / "logs.log")
+    assert set(recap) == set(env_files) | {"localhost"}
+    assert [name for name, path in env_files.items() if path.exists()] == []
+    assert SECRET not in (tmp_path / "logs.log").read_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the role writes a root-owned file")
+def test_no_keys_no_file(tmp_path):
+    """On clouds the controller has no static keys (instance roles): a start leaves no env file anywhere,
+    also not one from before."""
+    state, env_files = local_cluster(tmp_path, "parameter_server")
+    stale = env_files["c-worker-0"]
+    stale.write_text("AWS_ACCESS_KEY_ID=old\nAWS_SECRET_ACCESS_KEY=old\n")
+    res = start_credentials(state, {"TFCLUSTER_S3_ACCESS_KEY_ID": "", "TFCLUSTER_S3_SECRET_ACCESS_KEY": ""})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert [name for name, path in env_files.items() if path.exists()] == []
+
+
+def test_inventory_marks_the_nodes_that_use_storage(tmp_path):
+    for strategy in SHAPES:
+        state, _ = local_cluster(tmp_path / strategy, strategy)
+        hosts = {name: hv for group in yaml.safe_load(state.inventory.read_text())["all"]["children"].values()
+                 for name, hv in group["hosts"].items()}
+        assert {name: hv["tf_storage"] for name, hv in hosts.items()} == \
+            {name: not name.startswith("c-ps-") for name in hosts}
+
+
+def test_keys_reach_ansible_only_when_the_tasks_start():
+    """configure passes no keys (site.yml writes none); the start tasks get them (training.s3_env)."""
+    source = (REPO / "tfcluster" / "training.py").read_text()
+    configure = source[source.index("def configure("):source.index("def _run_settings(")]
+    assert "s3_env" not in configure
+    run_tasks = source[source.index("def _run_tasks("):source.index("def _conclude(")]
+    assert 'env=s3_env(spec), tags="start"' in run_tasks
+    main = yaml.safe_load((REPO / "roles/tf_node/tasks/main.yml").read_text())
+    assert [t for t in main if "ansible.builtin.copy" in t and "AWS_" in str(t)] == []
