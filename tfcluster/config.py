@@ -406,12 +406,30 @@ class Data(Section):
         "label", description="csv: the label column; every other column is a float feature")
 
 
+#: the shortest allowed_ssh_cidrs prefix per IP version unless network.allow_wide_ssh_cidrs is set
+WIDE_SSH_PREFIX = {4: 8, 6: 16}
+
+
 class Network(Section):
     tf_port: Int(1024, 65535) = Field(2222, description="gRPC port of the TensorFlow servers")
     subnet: Annotated[str, BeforeValidator(_subnet)] = Field(
         "auto", description="local provider: the cluster bridge's network")
     allowed_ssh_cidrs: Annotated[list[str], BeforeValidator(cidr_list_check)] = Field(
         default_factory=list, description="clouds: who may reach SSH (no open default)")
+    allow_wide_ssh_cidrs: bool = Field(
+        False, description=f"clouds: also allow allowed_ssh_cidrs shorter than /{WIDE_SSH_PREFIX[4]} (IPv4) or "
+                           f"/{WIDE_SSH_PREFIX[6]} (IPv6), such as 0.0.0.0/0 (everyone)")
+
+    @model_validator(mode="after")
+    def _not_too_wide(self) -> Network:
+        for cidr in self.allowed_ssh_cidrs if not self.allow_wide_ssh_cidrs else []:
+            net = ipaddress.ip_network(cidr)
+            if net.prefixlen < WIDE_SSH_PREFIX[net.version]:
+                raise ConfigError("network.allowed_ssh_cidrs", cidr,
+                                  f"networks of /{WIDE_SSH_PREFIX[4]} or longer (IPv6: /{WIDE_SSH_PREFIX[6]}): a "
+                                  "shorter prefix opens SSH to a large part of the internet; if that is meant, "
+                                  "also set network.allow_wide_ssh_cidrs: true")
+        return self
 
 
 class Ssh(Section):

@@ -84,12 +84,12 @@ def refused(doc: dict, requests: list[tuple[str, dict]]) -> list[str]:
 def run_requests(spec: RunSpec, endpoint: str, work: Path, run_id: str = "20260101-000000-abcd") \
         -> tuple[list, list]:
     """Store the module's data set as the controller does, then do what a run's tasks do in S3, with the
-    run's own layout (``training._run_settings``). Returns the controller's requests and the tasks'."""
+    run's own layout (``training.run_settings``). Returns the controller's requests and the tasks'."""
     controller, stored_by = recording_client(endpoint)
     rng = np.random.default_rng(0)
     splits = {s: data.check_arrays(rng.random((8, 3)), rng.integers(0, 2, 8)) for s in data.SPLITS}
     stored = data.store_splits(controller, spec.storage.bucket, job.dataset_base(spec), splits)
-    s3 = training._run_settings(spec, run_id, {"dataset_prefix": stored["prefix"]})["s3"]
+    s3 = training.run_settings(spec, run_id, {"dataset_prefix": stored["prefix"]})["s3"]
     bucket, run_prefix, ckpt_prefix = s3["bucket"], s3["run_prefix"], s3["checkpoint_prefix"]
 
     node, asked = recording_client(endpoint)

@@ -35,7 +35,7 @@ def test_the_module_data_set_and_the_cluster_runs():
     assert (versions + "0123456789ab/train.npz").startswith(got.read[0].prefix)
     assert not "datasets/digits_v2-0123456789ab/train.npz".startswith(got.read[0].prefix)
     # the runs' layout the nodes get is under the read-write prefix
-    settings = training._run_settings(spec(), "20260101-abcd", {})
+    settings = training.run_settings(spec(), "20260101-abcd", {})
     assert settings["s3"]["run_prefix"] + "/" == got.read_write + "20260101-abcd/"
     assert settings["s3"]["checkpoint_prefix"].startswith(got.read_write)
 

@@ -98,7 +98,7 @@ def test_inventory_marks_the_nodes_that_use_storage(tmp_path):
 def test_keys_reach_ansible_only_when_the_tasks_start():
     """configure passes no keys (site.yml writes none); the start tasks get them (training.s3_env)."""
     source = (REPO / "tfcluster" / "training.py").read_text()
-    configure = source[source.index("def configure("):source.index("def _run_settings(")]
+    configure = source[source.index("def configure("):source.index("def run_settings(")]
     assert "s3_env" not in configure
     run_tasks = source[source.index("def _run_tasks("):source.index("def _conclude(")]
     assert 'env=s3_env(spec), tags="start"' in run_tasks

@@ -20,8 +20,18 @@ def test_an_ssh_cidr_with_host_bits_is_refused_not_widened(cidr, meant):
         config.resolve(overrides={"network.allowed_ssh_cidrs": [cidr]})
     assert err.value.field == "network.allowed_ssh_cidrs" and err.value.value == cidr
     assert meant in err.value.allowed
-    assert config.resolve(overrides={"network.allowed_ssh_cidrs": ["203.0.113.7/32", "0.0.0.0/0"]}) \
-        .network.allowed_ssh_cidrs == ["203.0.113.7/32", "0.0.0.0/0"]
+    assert config.resolve(overrides={"network.allowed_ssh_cidrs": ["203.0.113.7/32", "10.0.0.0/8"]}) \
+        .network.allowed_ssh_cidrs == ["203.0.113.7/32", "10.0.0.0/8"]
+
+
+@pytest.mark.parametrize("cidr", ["0.0.0.0/0", "64.0.0.0/2", "2000::/8", "::/0"])
+def test_an_ssh_cidr_wider_than_a_slash_8_is_refused_unless_explicitly_allowed(cidr):
+    with pytest.raises(ConfigError) as err:
+        config.resolve(overrides={"network.allowed_ssh_cidrs": ["203.0.113.0/24", cidr]})
+    assert err.value.field == "network.allowed_ssh_cidrs" and err.value.value == cidr
+    assert "network.allow_wide_ssh_cidrs: true" in err.value.allowed
+    spec = config.resolve(overrides={"network.allowed_ssh_cidrs": [cidr], "network.allow_wide_ssh_cidrs": "true"})
+    assert spec.network.allowed_ssh_cidrs == [cidr]
 
 
 @pytest.mark.parametrize(("key", "value"), [
