@@ -23,7 +23,9 @@ from .errors import ProvisionError
 
 TERRAFORM_BIN = shutil.which("terraform") or "/usr/local/bin/terraform"
 PLAN_FILE = "tfcluster.tfplan"
-_RESOURCE_RE = re.compile(r'^resource "([\w-]+)" "([\w-]+)" \{\n(?:\s*((?:count|for_each)\s*=.*)\n)?', re.M)
+#: a resource block's head: its type, its name and, after any comment lines (checkov's skips), count or for_each
+_RESOURCE_RE = re.compile(r'^resource "([\w-]+)" "([\w-]+)" \{\n(?:[ \t]*#.*\n)*(?:\s*((?:count|for_each)\s*=.*)\n)?',
+                          re.M)
 #: the provider lock file committed beside a module (terraform/aws/); Terraform reads only the root's
 LOCK_FILE = ".terraform.lock.hcl"
 
