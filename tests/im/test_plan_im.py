@@ -54,11 +54,12 @@ def plan_im(home, url: str, auth_file, *sets: str):
     return run_cli(*args, home=home, timeout=240)
 
 
-def assert_no_secret(out: str, auth_file) -> None:
+def assert_no_secret(out: str, auth_file, *, private_key_sent: bool) -> None:
+    """No secret in the plan; IM gets the run's private key only for the nodes it adopts (adopt_local)."""
     password = re.search(r"password = (\S+)", auth_file.read_text()).group(1)
     assert password not in out
     assert "PRIVATE KEY" not in out and "ssh-ed25519" not in out
-    assert "private_key = '<key>" in out and "public_key = '<the run's public key>'" in out
+    assert ("private_key = '<key>" in out) == private_key_sent and "public_key = '<the run's public key>'" in out
 
 
 def test_plan_cloud_nodes_prints_the_radl_and_contacts_no_one(home, listener, auth_file):
@@ -78,7 +79,7 @@ def test_plan_cloud_nodes_prints_the_radl_and_contacts_no_one(home, listener, au
     for role, count in (("ps", 1), ("worker", 3), ("chief", 1)):
         assert f"\n    system {role} (\n" in out and f"\n    deploy {role} {count}\n" in out
     assert "outports = '203.0.113.0/24-22/tcp-22/tcp'" in out and "gpu.count >= 1" in out
-    assert_no_secret(out + res.stderr, auth_file)
+    assert_no_secret(out + res.stderr, auth_file, private_key_sent=False)
     assert requests == []
     assert_nothing_created(home, CLUSTER, tmp_before)
 
@@ -96,7 +97,7 @@ def test_plan_adopting_local_nodes_plans_them_and_creates_none(home, listener, a
     assert "the local nodes IM adopts (DeployedNode), made first:" in out
     assert f"network namespace tfc_{CLUSTER}_{CLUSTER}-ps-0 at {found.group(1)}/24" in out
     assert "never halt themselves" in out
-    assert_no_secret(out + res.stderr, auth_file)
+    assert_no_secret(out + res.stderr, auth_file, private_key_sent=True)
     assert requests == []
     assert_nothing_created(home, CLUSTER, tmp_before)
 

@@ -9,7 +9,8 @@ also in the RADL's description), so ``down`` works from state alone, also after 
 ``adopt_local: "true"`` is for tests and laptops: local-provider nodes are created first and IM adopts
 them through its ``DeployedNode`` connector (one system per node, naming its address, the base image's user and
 the run's private key). The key text goes to IM in the request body only: neither the RADL nor a log
-line holding it is ever written here.
+line holding it is ever written here. Cloud VMs IM creates get only the run's public key (IM installs it;
+tfcluster configures them itself): the private key goes to IM only under ``adopt_local``.
 
 The auth file (``auth_file``) has one credential per line, IM's own format, e.g.::
 
@@ -354,6 +355,15 @@ class _ImWatch:
         return self.state == "configured"
 
 
+def credentials_for_im(user: str, public_key: str, private_key: str,
+                       adopted: list[radl_render.AdoptedNode] | None) -> radl_render.Credentials:
+    """What IM is told about SSH: the user and the run's public key (the cloud VMs it creates get it through
+    cloud-init, as IM does when a public key is given); the private key only for nodes IM adopts
+    (``adopt_local``), whose access it checks. For cloud VMs IM has no use for it: tfcluster configures them
+    itself (the RADL's contextualize is empty)."""
+    return radl_render.Credentials(user, public_key, private_key if adopted else "")
+
+
 @register
 class ImProvider(Provider):
     name = "im"
@@ -459,7 +469,7 @@ class ImProvider(Provider):
             self.down_im(quiet=True)
         token = secrets.token_hex(8)
         radl = radl_render.render(spec, options, adopted=adopted, token=token,
-                                  credentials=radl_render.Credentials(user, public_key, private_key))
+                                  credentials=credentials_for_im(user, public_key, private_key, adopted))
         rec = {"cluster": spec.cluster, "im_url": s.im_url, "auth_file": s.auth_file,
                "adopt_local": s.adopt_local, "timeout": s.timeout, "token": token, "inf_id": None,
                "created": time.time()}
@@ -493,8 +503,8 @@ class ImProvider(Provider):
         local = LocalProvider(self.state).plan(_local_spec(spec), scratch) if s.adopt_local else None
         adopted, user, options = self._adoption(spec, s, local.known if local else None)
         public_key = scratch.ssh_key.with_suffix(".pub").read_text().strip()
-        radl = radl_render.render(spec, options, adopted=adopted, credentials=radl_render.Credentials(
-            user, public_key, scratch.ssh_key.read_text()))
+        radl = radl_render.render(spec, options, adopted=adopted, credentials=credentials_for_im(
+            user, public_key, scratch.ssh_key.read_text(), adopted))
         shown = _mask(radl).replace(public_key, "<the run's public key>")
         lines = [f"IM at {s.im_url}: not contacted; up submits the RADL below to it and waits up to {s.timeout}s "
                  "for the infrastructure to be configured"]
