@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
 _RESULTS: list[tuple[str, str, float]] = []
 
 
@@ -26,3 +30,11 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("reliability report")
     for scenario, outcome, seconds in _RESULTS:
         terminalreporter.write_line(f"{outcome.upper():<8} {seconds:7.1f}s  {scenario}")
+
+
+@pytest.fixture(scope="module")
+def env(home, tmp_path_factory):
+    """The environment of `tfcluster` in a scenario module: the module's own state root (its ``home``
+    fixture) and artifacts directory."""
+    return dict(os.environ, TFCLUSTER_HOME=str(home), PYTHONUNBUFFERED="1",
+                TFCLUSTER_ARTIFACTS=str(tmp_path_factory.mktemp("artifacts")))

@@ -48,12 +48,6 @@ def home(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def env(home, tmp_path_factory):
-    return dict(os.environ, TFCLUSTER_HOME=str(home), PYTHONUNBUFFERED="1",
-                TFCLUSTER_ARTIFACTS=str(tmp_path_factory.mktemp("rel-artifacts")))
-
-
-@pytest.fixture(scope="module")
 def cluster(home, env):
     res = make("up", home, CLUSTER=CLUSTER, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -10,7 +10,6 @@ there.  A peer that vanishes without a reset (a VM gone) is caught by the stall 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from datetime import datetime
@@ -54,12 +53,6 @@ def home(tmp_path_factory):
     yield h
     force_down(h, CLUSTER)
     assert leftovers(h, CLUSTER) == []
-
-
-@pytest.fixture(scope="module")
-def env(home, tmp_path_factory):
-    return dict(os.environ, TFCLUSTER_HOME=str(home), PYTHONUNBUFFERED="1",
-                TFCLUSTER_ARTIFACTS=str(tmp_path_factory.mktemp("relmw-artifacts")))
 
 
 def tfcluster(env, *args, timeout=1200):
