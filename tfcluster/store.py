@@ -50,6 +50,10 @@ def credentials() -> dict[str, str]:
         with os.fdopen(fd, "w") as f:
             f.write(f"AWS_ACCESS_KEY_ID=tfc{secrets.token_hex(8)}\n"
                     f"AWS_SECRET_ACCESS_KEY={secrets.token_urlsafe(30)}\n")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:   # someone widened it: the keys may have been read; refuse rather than go on using them
+        raise TfclusterError(f"{path} holds the local store's keys but other users may read it (mode {oct(mode)}): "
+                             f"chmod 600 it (or remove it, with the store stopped, for new keys)")
     return read_env_file(path)
 
 

@@ -81,3 +81,16 @@ def test_im_auth_file_readable_by_others_is_refused(tmp_path):
 def test_urls_im_passes_to_its_ansible_take_no_template_braces(tmp_path, key):
     err = im_refuses(tmp_path, **{key: "https://example.org/{{ansible_env.HOME}}/"})
     assert err.field == f"provider_options.{key}" and "braces" in err.allowed
+
+
+def test_the_local_store_keys_file_must_be_the_owners_alone(tmp_path, monkeypatch):
+    from tfcluster import store
+    from tfcluster.errors import TfclusterError
+
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
+    keys = store.credentials()
+    path = store.store_dir() / "credentials.env"
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and keys["AWS_ACCESS_KEY_ID"].startswith("tfc")
+    path.chmod(0o644)
+    with pytest.raises(TfclusterError, match=r"mode 0o644\): chmod 600 it"):
+        store.credentials()
