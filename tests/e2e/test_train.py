@@ -97,17 +97,18 @@ def test_status_and_logs(home, artifacts, trained):
 
 
 def test_tasks_ran_as_an_unprivileged_user_behind_the_node_firewall(home, artifacts, trained):
-    """The training task is the `tfcluster` user's (what it wrote is that user's; the credentials file stays
-    root's); each node's firewall lets the TensorFlow port answer the cluster's members only, and the host
+    """The training task is the `tfcluster` user's (what it wrote is that user's; the credentials' directory
+    stays root's); each node's firewall lets the TensorFlow port answer the cluster's members only, and the host
     (any local user) gets a reset from it."""
     nodes = json.loads((home / CLUSTER / "nodes.json").read_text())
     members = sorted(n["private_ip"] for n in nodes)
     for n in nodes:
         out = ssh(home, CLUSTER, n["private_ip"], "stat -c '%U %a' /var/lib/tfcluster/task "
-                  "/var/lib/tfcluster/task/status.json /etc/tfcluster/task.env; nft list table inet tfcluster_node")
+                  "/var/lib/tfcluster/task/status.json /etc/tfcluster; nft list table inet tfcluster_node")
         assert out.returncode == 0, out.stderr
         lines = out.stdout.splitlines()
-        assert lines[:3] == ["tfcluster 750", "tfcluster 644", "root 600"], (n["name"], lines[:3])
+        # the credentials' directory (their file exists only while the tasks run) stays root's alone
+        assert lines[:3] == ["tfcluster 750", "tfcluster 644", "root 700"], (n["name"], lines[:3])
         rule = next(line for line in lines if "accept" in line and "2222" in line)
         assert sorted(re.findall(r"\d+\.\d+\.\d+\.\d+", rule)) == members, rule
         assert any("2222 reject with tcp reset" in line for line in lines), lines
