@@ -29,6 +29,7 @@ class MultiWorkerMirrored(Strategy):
     name = "multi_worker_mirrored"
     connects_before_tensorflow = True
     has_serving_tasks = False
+    ends_without_shutdown = True     # the coordination service's shutdown barrier outlives the first to end
 
     def runs_loop(self) -> bool:
         return True

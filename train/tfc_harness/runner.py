@@ -60,4 +60,16 @@ def main(raw_settings: dict) -> int:
     if not strategy.runs_loop():
         return serve(strategy)
     from . import chief
-    return chief.run(settings, strategy)
+    code = chief.run(settings, strategy)
+    if strategy.ends_without_shutdown:
+        end_now(code)
+    return code
+
+
+def end_now(code: int) -> None:
+    """End the process at once, its output flushed: after a synchronous run the interpreter's own shutdown
+    waits for TensorFlow's coordination service, which stalls or fails once a peer has ended first (seen:
+    workers done and still alive after the chief had exited).  Everything the run leaves is written by now."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

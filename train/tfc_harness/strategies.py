@@ -119,6 +119,9 @@ class Strategy(abc.ABC):
 
     #: whether some of the strategy's tasks only serve (they report a preemption notice through S3)
     has_serving_tasks = True
+    #: whether a task that ran the loop ends at once when done, skipping the interpreter's shutdown
+    #: (:func:`tfc_harness.runner.end_now`)
+    ends_without_shutdown = False
 
     def __init__(self, settings):
         self.settings = settings
