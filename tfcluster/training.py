@@ -301,7 +301,7 @@ def _size(n: int) -> str:
 
 
 def _readers(spec: RunSpec) -> str:
-    """The tasks that read the training files: ``2 workers``, or ``3 tasks (chief and workers)``."""
+    """The tasks that read the training files: ``2 workers``, or ``3 tasks (chief, worker)``."""
     jobs = strategies.TRAINING_JOBS[spec.strategy]
     n = strategies.training_task_count(spec.strategy, {r: spec.count(r) for r in ROLES})
     return f"{n} workers" if jobs == ("worker",) else f"{n} tasks ({', '.join(jobs)})"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from .preemption import Preempted
 from .status import ChiefState, Progress
 
 FIRST_CHUNK = 10
@@ -69,8 +70,6 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
         if step == boundary:
             save(step)
         if notices is not None and step < total and notices.stop_now():
-            from .preemption import Preempted
-
             if step != boundary:
                 save(step)
             raise Preempted(step, notices.who)

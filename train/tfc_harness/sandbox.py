@@ -16,7 +16,6 @@ arguments with host paths and maps them.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -84,7 +83,7 @@ def base_python() -> str:
 
 
 def run(module: str, args: list[str], binds: dict[str, str | os.PathLike], *, python_path: list[str],
-        timeout_s: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        timeout_s: float) -> subprocess.CompletedProcess:
     """``python -m module *args`` in the sandbox.  ``binds`` maps a name to a host path, seen inside as
     ``/tmp/sandbox/<name>``; ``args`` and ``python_path`` may name them as ``{name}``."""
     why = available()
@@ -100,13 +99,8 @@ def run(module: str, args: list[str], binds: dict[str, str | os.PathLike], *, py
     argv = [mapped(a) for a in args]
     path = ":".join(mapped(p) for p in python_path)
     child_env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp/home", "PYTHONPATH": path, "PYTHONNOUSERSITE": "1",
-                 "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+                 "TF_CPP_MIN_LOG_LEVEL": "2"}
     command = ["env", "-i", *(f"{k}={v}" for k, v in child_env.items()), base_python(), "-m", module, *argv]
     return subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc", "--propagation",
                            "private", "--kill-child", "/bin/sh", "-c", SCRIPT, "sandbox", *pairs, "--", *command],
                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-
-
-def describe() -> str:
-    return ("no network, a read-only view, uid nobody without capabilities; inputs bound read-only under "
-            f"{INSIDE} ({shlex.quote(base_python())})")
