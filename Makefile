@@ -14,6 +14,7 @@ STEPS ?=
 FORCE ?=
 NODE ?=
 RUN ?=
+SWEEP ?=
 PORT ?=
 VENV ?= .venv
 PYTEST_ARGS ?=
@@ -27,6 +28,7 @@ BOOTSTRAP = $(VENV)/.tfcluster-installed
 # `make up train down`: when `down` is a goal, a failed (or interrupted) up or train tears the cluster down
 # itself (Make stops at the first failing goal, so the `down` goal would never run)
 DOWN_ON_FAILURE = $(if $(filter down,$(MAKECMDGOALS)),--down-on-failure $(if $(FORCE),--force))
+SWEEP_ARGS = $(if $(SWEEP),--sweep $(SWEEP))
 
 ##@ Help
 .PHONY: help
@@ -48,8 +50,8 @@ example-data: $(BOOTSTRAP) ## Write the examples' data (examples/README.md) to t
 
 ##@ A run
 .PHONY: all
-all: $(BOOTSTRAP) ## up, train, down: down runs after success, failure and Ctrl-C (exit status: the first failure)
-	$(TFCLUSTER) all $(CONFIG_ARGS) $(if $(FORCE),--force)
+all: $(BOOTSTRAP) ## up, train, down: down runs after success, failure and Ctrl-C (exit status: the first failure; SWEEP=file: a sweep)
+	$(TFCLUSTER) all $(CONFIG_ARGS) $(SWEEP_ARGS) $(if $(FORCE),--force)
 
 .PHONY: validate
 validate: $(BOOTSTRAP) ## Check the configuration and print it with defaults filled in
@@ -60,12 +62,16 @@ plan: $(BOOTSTRAP) ## Show what up would create (nodes, Terraform plan or RADL, 
 	$(TFCLUSTER) plan $(CONFIG_ARGS)
 
 .PHONY: up
-up: $(BOOTSTRAP) ## Provision the cluster (local provider by default) and check Ansible reaches every node
-	$(TFCLUSTER) up $(CONFIG_ARGS) $(DOWN_ON_FAILURE)
+up: $(BOOTSTRAP) ## Provision the cluster (local provider by default) and check Ansible reaches every node (SWEEP=file: its groups)
+	$(TFCLUSTER) up $(CONFIG_ARGS) $(SWEEP_ARGS) $(DOWN_ON_FAILURE)
 
 .PHONY: train
 train: $(BOOTSTRAP) ## Configure the nodes, train, publish the model to S3 and verify it
 	$(TFCLUSTER) train $(CONFIG_ARGS) $(DOWN_ON_FAILURE)
+
+.PHONY: sweep
+sweep: $(BOOTSTRAP) ## Run or resume a sweep (SWEEP=sweep.yml): trials side by side on the cluster's groups, a table by metric
+	$(TFCLUSTER) sweep $(CONFIG_ARGS) --sweep $(if $(SWEEP),$(SWEEP),$(error SWEEP=<sweep file> is required)) $(DOWN_ON_FAILURE)
 
 .PHONY: down
 down: $(BOOTSTRAP) ## Destroy the cluster and prove nothing remains (FORCE=1 to skip the model guard)
@@ -80,8 +86,8 @@ logs: $(BOOTSTRAP) ## Show a node's log: make logs NODE=tfc-chief-0
 	$(TFCLUSTER) logs $(CONFIG_ARGS) $(NODE)
 
 .PHONY: tensorboard
-tensorboard: $(BOOTSTRAP) ## TensorBoard on 127.0.0.1 for the cluster's runs in S3 (RUN=id: one run; PORT=n), until Ctrl-C
-	$(TFCLUSTER) tensorboard $(CONFIG_ARGS) $(if $(RUN),--run $(RUN)) $(if $(PORT),--port $(PORT))
+tensorboard: $(BOOTSTRAP) ## TensorBoard on 127.0.0.1 for the cluster's runs in S3 (RUN=id: one run; SWEEP=file: its trials; PORT=n), until Ctrl-C
+	$(TFCLUSTER) tensorboard $(CONFIG_ARGS) $(if $(RUN),--run $(RUN)) $(SWEEP_ARGS) $(if $(PORT),--port $(PORT))
 
 ##@ Development
 .PHONY: test

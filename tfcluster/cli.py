@@ -76,11 +76,40 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _up_step(args):
+    """``up``, or with ``--sweep`` every group of nodes the sweep runs on (its file checked first)."""
+    if not getattr(args, "sweep", ""):
+        return cluster.up
+
+    def up_groups(spec):
+        from . import sweep
+
+        sweep.ensure_groups(spec, sweep.load(args.sweep, spec).parallel)
+    return up_groups
+
+
+def _train_step(args):
+    """``train``, or with ``--sweep`` the sweep's trials."""
+    from . import training
+
+    if getattr(args, "sweep", ""):
+        from . import sweep
+
+        return lambda spec: sweep.run(spec, args.sweep)
+    return lambda spec: training.train(spec, configure_first=not getattr(args, "skip_configure", False),
+                                       trial=getattr(args, "trial", ""))
+
+
 def cmd_up(args) -> int:
     spec = spec_from_args(args)  # bad input stops here, before anything exists
+    if args.sweep:
+        from . import sweep
+
+        sweep.load(args.sweep, spec)
+    step = _up_step(args)
     if args.down_on_failure:  # `make up train down`: a failed up must not leave half a cluster
-        return run_then_teardown(spec, args.force, [cluster.up], always=False)
-    cluster.up(spec)
+        return run_then_teardown(spec, args.force, [step], always=False)
+    step(spec)
     return 0
 
 
@@ -128,10 +157,12 @@ def run_then_teardown(spec: config.RunSpec, force: bool, steps, always: bool) ->
 
 def cmd_all(args) -> int:
     """up, train, down: down runs after success, failure and Ctrl-C (a second Ctrl-C is ignored)."""
-    from . import training
-
     spec = spec_from_args(args)  # bad input stops here, before anything exists
-    return run_then_teardown(spec, args.force, [cluster.up, training.train], always=True)
+    if args.sweep:
+        from . import sweep
+
+        sweep.load(args.sweep, spec)
+    return run_then_teardown(spec, args.force, [_up_step(args), _train_step(args)], always=True)
 
 
 def cmd_configure(args) -> int:
@@ -142,23 +173,27 @@ def cmd_configure(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from . import training
-
     spec = spec_from_args(args)
-
-    def train(spec):
-        training.train(spec, configure_first=not args.skip_configure)
-
+    train = _train_step(args)
     if args.down_on_failure:  # `make up train down`: a failed train must not leave the cluster up
         return run_then_teardown(spec, args.force, [train], always=False)
     train(spec)
     return 0
 
 
-def cmd_status(args) -> int:
-    from . import training
+def cmd_sweep(args) -> int:
+    spec = spec_from_args(args)
+    if args.down_on_failure:  # `make up sweep down`: a failed sweep must not leave the groups up
+        return run_then_teardown(spec, args.force, [_train_step(args)], always=False)
+    return _train_step(args)(spec)
 
-    return cluster.status(cluster_name(args), task_states=training.task_states)
+
+def cmd_status(args) -> int:
+    from . import groups, training
+
+    name = cluster_name(args)
+    codes = [cluster.status(c, task_states=training.task_states) for c in (name, *groups.extra(name))]
+    return max(codes)
 
 
 def cmd_logs(args) -> int:
@@ -195,7 +230,7 @@ def cmd_example_data(args) -> int:
 def cmd_tensorboard(args) -> int:
     from . import tensorboard
 
-    return tensorboard.show(spec_from_args(args), run=args.run, port=args.port)
+    return tensorboard.show(spec_from_args(args), run=args.run, port=args.port, sweep=args.sweep or None)
 
 
 def cmd_reference(args) -> int:
@@ -214,6 +249,10 @@ def _port(value: str) -> int:
     if not value.isdigit() or int(value) > 65535:
         raise argparse.ArgumentTypeError(f"got {value!r}; allowed: a TCP port from 0 (a free one) to 65535")
     return int(value)
+
+
+def _sweep_arg(p: argparse.ArgumentParser, help_text: str, required: bool = False) -> None:
+    p.add_argument("--sweep", default="", required=required, metavar="FILE", help=help_text)
 
 
 def _down_on_failure_args(p: argparse.ArgumentParser) -> None:
@@ -238,14 +277,22 @@ def build_parser() -> argparse.ArgumentParser:
                                        "limits, model location), creating nothing"))
     p = add("up", cmd_up, "provision the cluster's nodes and check Ansible reaches them")
     _config_args(p)
+    _sweep_arg(p, "also bring up every group of nodes the sweep runs its trials on")
     _down_on_failure_args(p)
     p = add("all", cmd_all, "up, train, down; down runs even when train fails or is interrupted")
     _config_args(p)
+    _sweep_arg(p, "run the sweep's trials instead of one training run")
     p.add_argument("--force", action="store_true", help="tear down even if a model not yet verified would be lost")
     _config_args(add("configure", cmd_configure, "configure every node (playbooks/site.yml; idempotent)"))
     p = add("train", cmd_train, "configure, train, publish the model to S3 and verify it")
     _config_args(p)
     p.add_argument("--skip-configure", action="store_true", help="nodes are configured already")
+    p.add_argument("--trial", default="", help=argparse.SUPPRESS)   # a sweep's trial (tfcluster.sweep)
+    _down_on_failure_args(p)
+    p = add("sweep", cmd_sweep, "run (or resume) a sweep: many trials of the model, up to 'parallel' at once, "
+                                "each on its own group of nodes; prints a table sorted by the metric")
+    _config_args(p)
+    _sweep_arg(p, "the sweep file (YAML): parameters, metric, direction, parallel", required=True)
     _down_on_failure_args(p)
     p = add("down", cmd_down, "destroy the cluster and prove nothing of it remains")
     _config_args(p)
@@ -259,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "them on 127.0.0.1 until Ctrl-C")
     _config_args(p)
     p.add_argument("--run", help="only this run (a run id; default: every run of the cluster in S3)")
+    _sweep_arg(p, "the trials of this sweep (its file), named by trial and values")
     p.add_argument("--port", type=_port, default=0, help="TCP port on 127.0.0.1 (default 0: a free one)")
     p = add("store", cmd_store, "the local S3-compatible store (outlives clusters)")
     p.add_argument("action", choices=["start", "stop", "status"])

@@ -115,8 +115,51 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def show(spec: RunSpec, run: str | None = None, port: int = 0) -> int:
-    """Fetch the cluster's runs (or ``run``) from S3 and serve them until Ctrl-C."""
+def sweep_runs(spec: RunSpec, sweep_file: str, client) -> list[tuple[str, str, str]]:
+    """``(group, run id, name)`` of each trial of the sweep that has a run: from the sweep's record on this
+    machine (current while it runs), else its ``sweep.json`` in S3. Named ``<trial>-<values>``."""
+    import json
+
+    from . import sweep
+
+    name = sweep.sweep_name(sweep_file)
+    local = sweep.record_dir(spec.cluster, name) / "sweep.json"
+    key = f"{spec.storage.prefix}/{spec.cluster}/sweeps/{name}/sweep.json"
+    try:
+        data = json.loads(local.read_text())
+    except (OSError, ValueError):
+        try:
+            data = json.loads(client.get_object(Bucket=spec.storage.bucket, Key=key)["Body"].read())
+        except Exception:
+            raise ConfigError("SWEEP", sweep_file, f"a sweep run on cluster {spec.cluster} (no record of sweep "
+                                                   f"{name} on this machine nor in s3://{spec.storage.bucket}/{key})"
+                              ) from None
+    runs = []
+    for t in data.get("trials", []):
+        if t.get("run_id") and t.get("group") and _RUN_ID.fullmatch(t["run_id"]):
+            values = ",".join(f"{k.rsplit('.', 1)[1]}={v}" for k, v in t["params"].items())
+            runs.append((t["group"], t["run_id"], re.sub(r"[^A-Za-z0-9._=,+-]", "_", f"{t['id']}-{values}")))
+    if not runs:
+        raise TfclusterError(f"no trial of sweep {name} has a run yet")
+    return runs
+
+
+def _fetch_sweep(spec: RunSpec, sweep_file: str, client, dest: Path) -> tuple[list[str], str, Path]:
+    """Fetch every trial's events into ``dest/<group>/<run>`` and link them by trial name."""
+    names, done = [], []
+    links = dest / "_sweep"
+    shutil.rmtree(links, ignore_errors=True)
+    links.mkdir(parents=True)
+    for group, run_id, name in sweep_runs(spec, sweep_file, client):
+        done.append(fetch(client, spec.storage.bucket, f"{spec.storage.prefix}/{group}", [run_id], dest / group))
+        (dest / group / run_id).mkdir(parents=True, exist_ok=True)
+        (links / name).symlink_to(dest / group / run_id, target_is_directory=True)
+        names.append(name)
+    return names, "; ".join(done), links
+
+
+def show(spec: RunSpec, run: str | None = None, port: int = 0, sweep: str | None = None) -> int:
+    """Fetch the cluster's runs (or ``run``, or a sweep's trials) from S3 and serve them until Ctrl-C."""
     from tfc_harness import s3io
 
     bucket, prefix = spec.storage.bucket, cluster_prefix(spec)
@@ -128,17 +171,21 @@ def show(spec: RunSpec, run: str | None = None, port: int = 0) -> int:
                              f"live in memory: 'make clean' ended them){kept}")
     client = store.client(spec)
     try:
-        runs = choose(runs_with_events(client, bucket, prefix), run, where)
-        done = fetch(client, bucket, prefix, runs, dest)
+        if sweep:
+            runs, done, source = _fetch_sweep(spec, sweep, client, dest)
+        else:
+            runs = choose(runs_with_events(client, bucket, prefix), run, where)
+            done, source = fetch(client, bucket, prefix, runs, dest), dest
     except s3io.TransferError as exc:
         raise TfclusterError(f"reading the TensorBoard events in {where}: {exc}") from None
-    say(f"TensorBoard events of {len(runs)} run(s) of cluster {spec.cluster} from {where}: {done}, in {dest}")
+    what = f"trial(s) of sweep {sweep}" if sweep else f"run(s) of cluster {spec.cluster} from {where}"
+    say(f"TensorBoard events of {len(runs)} {what}: {done}, in {dest}")
     view = Path(tempfile.mkdtemp(prefix="tfc-tensorboard-"))
     try:
         def announce(url: str) -> None:
             say(f"TensorBoard at {url} : {', '.join(runs)} (Ctrl-C to stop)")
 
-        serve(link_view(dest, runs, view), port, announce)
+        serve(link_view(source, runs, view), port, announce)
     finally:
         shutil.rmtree(view, ignore_errors=True)
     print("TensorBoard stopped", file=sys.stderr, flush=True)

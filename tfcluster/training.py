@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tfc_harness import strategies
 
-from . import access, ansible_run, job, poll, remote, runrecord, store, wheelhouse
+from . import access, ansible_run, groups, job, poll, remote, runrecord, store, wheelhouse
 from .cluster import down as destroy_cluster
 from .cluster import load_spec, phase, say
 from .config import ROLES, RunSpec
@@ -218,9 +218,10 @@ def _fetch_logs(state: ClusterState, run_id: str, forks: int, tags: str) -> Path
     return dest
 
 
-def train(spec: RunSpec, configure_first: bool = True) -> dict:
+def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
     """Check the job and its data, configure, start the tasks, wait with progress, stop ps/workers, fetch
-    logs, verify."""
+    logs, verify. ``trial`` (``<sweep>/<trial id>``) names a sweep's trial: the run carries it, and resumes
+    only a run of the same trial."""
     state = ClusterState(spec.cluster)
     nodes = _nodes_or_fail(state)
     _check_cluster_fits(spec, state)
@@ -233,7 +234,7 @@ def train(spec: RunSpec, configure_first: bool = True) -> dict:
         say(_data_line(spec, prepared))
     if configure_first:
         configure(spec)
-    run, settings = _open_run(spec, state, run, prepared)
+    run, settings = _open_run(spec, state, run, prepared, trial)
     final = _run_tasks(spec, state, nodes, run, settings)
     return _conclude(spec, state, nodes, run, final)
 
@@ -252,20 +253,23 @@ def _check_cluster_fits(spec: RunSpec, state: ClusterState) -> None:
         access.check_granted(access.storage_access(up_spec), access.storage_access(spec), spec.cluster)
 
 
-def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict) -> tuple[dict, dict]:
+def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict,
+              trial: str = "") -> tuple[dict, dict]:
     """Resume the previous run when it can be (same model, batch size, hparams and data, as ``prepared``
     by :func:`tfcluster.job.prepare`), else start one; write the record. Returns the record and the nodes'
     settings."""
     fingerprint = {"model": job.model_name(spec), "module_sha256": job.module_sha256(spec),
                    "batch_size": spec.training.batch_size, "hparams": spec.training.hparams,
                    "data": _data_identity(prepared["describe"])}
+    if trial:   # a sweep's trial resumes only itself (trials differ in values the other keys do not cover)
+        fingerprint["trial"] = trial
     resume = previous.get("state") in runrecord.RESUMABLE
     if resume and previous.get("fingerprint", fingerprint) != fingerprint:
         changed = sorted(k for k in fingerprint if previous["fingerprint"].get(k) != fingerprint[k])
         say(f"run {previous['run_id']} had another {', '.join(changed)}; starting a new run instead of resuming")
         resume = False
     run_id = previous["run_id"] if resume else runrecord.new_id()
-    run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(),
+    run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(), "trial": trial,
            "resumed": resume, "fingerprint": fingerprint, "data": prepared["describe"],
            "settings_data": prepared["data"], "dataset_prefix": prepared["dataset_prefix"]}
     settings = run_settings(spec, run_id, run)
@@ -463,11 +467,17 @@ def down_guard(cluster: str, force: bool) -> None:
 
 
 def teardown(spec: RunSpec, force: bool) -> None:
-    """`down` as every caller needs it: the guard, node logs off the nodes, destroy and prove, close the run."""
-    down_guard(spec.cluster, force)
-    fetch_logs_before_down(spec.cluster)
-    destroy_cluster(spec.cluster, provider_name=spec.provider)
-    close_run_after_down(spec.cluster)
+    """`down` as every caller needs it: the guard, node logs off the nodes, destroy and prove, close the run;
+    for the cluster and each of its sweep groups (every group's guard is checked before any is destroyed)."""
+    extra = groups.extra(spec.cluster)
+    for cluster in (spec.cluster, *extra):
+        down_guard(cluster, force)
+    for cluster in (*extra, spec.cluster):
+        fetch_logs_before_down(cluster)
+        destroy_cluster(cluster, provider_name=spec.provider)
+        close_run_after_down(cluster)
+        if cluster != spec.cluster:
+            groups.forget(spec.cluster, cluster)
 
 
 def close_run_after_down(cluster: str) -> None:

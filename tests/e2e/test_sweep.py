@@ -1,0 +1,188 @@
+"""End to end on the local provider: a 2×2 grid sweep with ``parallel: 2``, interrupted and resumed.
+
+One module, in order: the sweep is started on a cluster that is not up (it brings up both groups), is
+interrupted with Ctrl-C while both first trials train, and is run again: the interrupted trials resume
+their own runs from their checkpoints on their groups, the others start, and the sweep ends with its table,
+``sweep.json`` and ``best.json`` in S3 and every trial's model verified. A third run skips every trial.
+``make down`` removes both groups. Each group is a chief and one worker (multi_worker_mirrored) training
+the digits model for a few steps: what is tested is the sweep, not the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import PYTHON, REPO, interruptible, needs_root
+from tests.integration.helpers import force_down, leftovers, make
+
+pytestmark = [pytest.mark.e2e, needs_root()]
+CLUSTER = "tfct-sw"
+GROUPS = (CLUSTER, f"{CLUSTER}-g1")
+CLUSTER_FILE = f"""
+cluster: {CLUSTER}
+strategy: multi_worker_mirrored
+nodes:
+  ps: {{count: 0}}
+  worker: {{count: 1}}
+training: {{steps: 1500, checkpoint_every: 100}}
+"""
+SWEEP_FILE = """
+name: lr-batch
+parameters:
+  training.learning_rate: [0.003, 0.01]
+  training.batch_size: [32, 64]
+metric: accuracy
+parallel: 2
+"""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sweep")
+    (d / "cluster.yml").write_text(CLUSTER_FILE)
+    (d / "sweep.yml").write_text(SWEEP_FILE)
+    return d
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    h = tmp_path_factory.mktemp("sweep-state") / "state"
+    h.mkdir()
+    yield h
+    for cluster in GROUPS:
+        force_down(h, cluster)
+    assert [x for c in GROUPS for x in leftovers(h, c)] == []
+
+
+@pytest.fixture(scope="module")
+def env(home, tmp_path_factory):
+    return dict(os.environ, TFCLUSTER_HOME=str(home), PYTHONUNBUFFERED="1",
+                TFCLUSTER_ARTIFACTS=str(tmp_path_factory.mktemp("artifacts")))
+
+
+def sweep_cmd(files) -> list[str]:
+    return [PYTHON, "-m", "tfcluster", "sweep", "-c", str(files / "cluster.yml"), "--sweep",
+            str(files / "sweep.yml")]
+
+
+def record(home) -> dict:
+    return json.loads((home / CLUSTER / "sweeps" / "lr-batch" / "sweep.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def interrupted(files, home, env):
+    """The first run, Ctrl-C'd once both groups' first trials have trained past their second checkpoint."""
+    proc = subprocess.Popen(sweep_cmd(files), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=interruptible)
+    out, saved = [], set()
+    deadline = time.monotonic() + 1200
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            m = re.match(r"\[(t\d+) \S+\]\s+\[training\] step (\d+)/1500", line)
+            if m and int(m.group(2)) >= 250:
+                saved.add(m.group(1))
+            if len(saved) == 2:
+                break
+            assert time.monotonic() < deadline, "".join(out[-80:])
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, "".join(out) + rest, saved
+
+
+def test_a_sweep_brings_up_its_groups_and_ctrl_c_leaves_its_trials_resumable(interrupted, home):
+    code, out, saved = interrupted
+    assert code == 130, out[-4000:]
+    assert f"bringing up {CLUSTER}-g1" in out and f"group 0 of cluster {CLUSTER}: bringing up {CLUSTER}" in out
+    assert "interrupted: stopping the running trials" in out
+    rec = record(home)
+    states = {t["id"]: t for t in rec["trials"]}
+    assert {states[t]["state"] for t in saved} == {"interrupted"}, rec
+    assert {states[t]["group"] for t in saved} == set(GROUPS)
+    for t in saved:   # each group holds its trial's run, interrupted with its checkpoints in S3
+        run = json.loads((home / states[t]["group"] / "run.json").read_text())
+        assert run["state"] == "interrupted" and run["trial"] == states[t]["key"]
+        assert states[t]["run_id"] == run["run_id"]
+    assert sorted(json.loads((home / CLUSTER / "groups.json").read_text())["groups"]) == [f"{CLUSTER}-g1"]
+
+
+@pytest.fixture(scope="module")
+def resumed(interrupted, files, home, env):
+    before = {t["id"]: dict(t) for t in record(home)["trials"]}
+    res = subprocess.run(sweep_cmd(files), cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    return res, before
+
+
+def test_the_same_sweep_resumes_its_trials_and_ends_with_the_table_and_the_best_model(resumed, interrupted, home,
+                                                                                     env):
+    res, before = resumed
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+    out = res.stdout
+    rec = record(home)
+    trials = {t["id"]: t for t in rec["trials"]}
+    assert len(trials) == 4 and {t["state"] for t in trials.values()} == {"verified"}, rec
+    for tid in interrupted[2]:   # the interrupted ones resumed their own runs, from their checkpoints
+        assert trials[tid]["run_id"] == before[tid]["run_id"]
+        assert re.search(rf"\[{tid} \S+\] ==> resuming run {before[tid]['run_id']}", out), out[-5000:]
+        assert trials[tid]["restored_from_step"] >= 200, trials[tid]
+    for t in trials.values():
+        assert 0.5 <= t["metric"] <= 1.0 and t["metric"] == t["metrics"]["test_accuracy"]
+    # the table: every trial, best first
+    lines = out[out.index("trial  learning_rate"):].splitlines()
+    ranked = sorted(trials.values(), key=lambda t: -t["metric"])
+    assert [ln.split()[0] for ln in lines[1:5]] == [t["id"] for t in ranked]
+    assert all("verified" in ln for ln in lines[1:5])
+    best = rec["best"]
+    assert best["trial"] == ranked[0]["id"] and best["value"] == ranked[0]["metric"]
+    assert f"best: trial {best['trial']}" in out and "4 of 4 trials verified" in out
+    # sweep.json and best.json in S3, as on this machine; the best model is there and verified
+    from tests.e2e.test_train import s3_client
+
+    s3 = s3_client(home)
+    prefix = f"runs/{CLUSTER}/sweeps/lr-batch"
+    remote = json.loads(s3.get_object(Bucket="tfcluster", Key=f"{prefix}/sweep.json")["Body"].read())
+    assert remote["trials"] == rec["trials"] and remote["best"] == best
+    assert json.loads(s3.get_object(Bucket="tfcluster", Key=f"{prefix}/best.json")["Body"].read()) == best
+    model = best["model"].removeprefix("s3://tfcluster/")
+    assert model.startswith(f"runs/{best['group']}/{best['run_id']}")
+    assert s3.get_object(Bucket="tfcluster", Key=f"{model}_SUCCESS")
+    run = json.loads((home / best["group"] / "run.json").read_text())
+    assert run["state"] in ("verified",) and any(t["run_id"] == run["run_id"] for t in trials.values())
+    # tensorboard names each trial's run by its id and values
+    from tfcluster import config, tensorboard
+
+    os.environ["TFCLUSTER_HOME"] = str(home)
+    try:
+        spec = config.resolve({"cluster": CLUSTER})
+        names = [n for _, _, n in tensorboard.sweep_runs(spec, str(REPO / "x" / "lr-batch.yml"), s3)]
+    finally:
+        os.environ.pop("TFCLUSTER_HOME")
+    assert sorted(names) == sorted(f"{t['id']}-learning_rate={t['params']['training.learning_rate']},"
+                                   f"batch_size={t['params']['training.batch_size']}" for t in trials.values())
+
+
+def test_a_finished_sweep_run_again_skips_every_trial(resumed, files, home, env):
+    res = subprocess.run(sweep_cmd(files), cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    assert "4 already verified, skipped" in res.stdout and "==> trial" not in res.stdout
+    assert "4 of 4 trials verified" in res.stdout
+
+
+def test_down_removes_every_group(resumed, home):
+    res = make("down", home, CLUSTER=CLUSTER, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    for cluster in GROUPS:
+        assert f"cluster {cluster} is down" in res.stdout
+        assert leftovers(home, cluster) == []
+    assert not (home / CLUSTER / "groups.json").exists()
+    assert (home / CLUSTER / "sweeps" / "lr-batch" / "sweep.json").exists()   # the record stays

@@ -1,0 +1,195 @@
+"""Sweeps without nodes: the sweep file's checks, the trials it expands to, the groups' configuration, the
+record's resume rules, the ranking and the table. (A sweep on real nodes: tests/e2e/test_sweep.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tfcluster import config, groups, sweep, sweepfile
+from tfcluster.errors import ConfigError
+
+#: a model with hparams (build_model(hparams): units) and metrics mae, rmse
+DIABETES = Path(__file__).resolve().parents[2] / "examples" / "diabetes.yml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sweep.yml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def spec():
+    return config.resolve(config.load_file(DIABETES), {"cluster": "tfct-sw", "training.hparams": {"units": 16}})
+
+
+def test_a_grid_runs_every_combination_in_a_stable_order_with_ids_and_keys(tmp_path, spec):
+    path = write(tmp_path, "parameters:\n  training.learning_rate: [0.001, 0.01]\n"
+                           "  training.batch_size: [32, 64, 128]\nparallel: 2\n")
+    sw = sweepfile.load(path, spec)
+    assert (sw.name, sw.method, sw.parallel) == ("sweep", "grid", 2)
+    assert [t["params"] for t in sw.trials[:3]] == [
+        {"training.learning_rate": 0.001, "training.batch_size": 32},
+        {"training.learning_rate": 0.001, "training.batch_size": 64},
+        {"training.learning_rate": 0.001, "training.batch_size": 128}]
+    assert len(sw.trials) == 6 and [t["id"] for t in sw.trials] == [f"t0{i}" for i in range(6)]
+    assert len({t["key"] for t in sw.trials}) == 6
+    assert sw.trials == sweepfile.load(path, spec).trials              # the same file: the same trials
+    # the metric defaults to the model's headline and its direction is known
+    assert (sw.metric, sw.direction) == ("test_mae", "minimize")
+
+
+def test_a_random_search_draws_the_same_trials_from_the_same_seed_within_the_ranges(tmp_path, spec):
+    text = ("method: random\nseed: 7\ntrials: 5\nparameters:\n"
+            "  training.learning_rate: {min: 0.0001, max: 0.1, log: true}\n"
+            "  training.steps: {min: 50, max: 80}\n  hparams.units: [8, 16, 32]\n"
+            "metric: loss\n")
+    sw = sweepfile.load(write(tmp_path, text), spec)
+    again = sweepfile.load(write(tmp_path, text), spec)
+    assert sw.trials == again.trials and len(sw.trials) == 5
+    for t in sw.trials:
+        p = t["params"]
+        assert 0.0001 <= p["training.learning_rate"] <= 0.1
+        assert isinstance(p["training.steps"], int) and 50 <= p["training.steps"] <= 80
+        assert p["hparams.units"] in (8, 16, 32)
+    assert (sw.metric, sw.direction) == ("test_loss", "minimize")
+    other = sweepfile.load(write(tmp_path, text.replace("seed: 7", "seed: 8")), spec)
+    assert other.trials != sw.trials
+
+
+def test_a_trial_keeps_the_clusters_hparams_and_sets_its_own(tmp_path, spec):
+    sw = sweepfile.load(write(tmp_path, "parameters:\n  hparams.units: [4]\n  training.learning_rate: [0.05]\n"), spec)
+    trial = sweepfile.trial_spec(spec, sw, sw.trials[0]["params"])
+    assert trial.training.hparams == {"units": 4}
+    assert trial.training.learning_rate == 0.05 and trial.cluster == spec.cluster
+    assert spec.training.hparams == {"units": 16}                 # the cluster's own is untouched
+
+
+def test_hparams_on_a_model_that_takes_none_are_refused_before_anything_runs(tmp_path):
+    digits = config.resolve({"cluster": "tfct-sw"})
+    with pytest.raises(Exception) as err:
+        sweepfile.load(write(tmp_path, "parameters:\n  hparams.units: [4, 8]\n"), digits)
+    assert "build_model() takes no parameter" in str(err.value) and err.value.exit_code == 2
+
+
+@pytest.mark.parametrize("text, field, allowed", [
+    ("parameters: {}\n", "parameters", "a mapping of fields"),
+    ("parameters:\n  training.model: [digits]\n", "parameters", "hparams.<name>"),
+    ("parameters:\n  nodes.worker.count: [1, 2]\n", "parameters", "training.learning_rate"),
+    ("parameters:\n  training.learning_rate: []\n", "parameters.training.learning_rate", "non-empty list"),
+    ("parameters:\n  training.learning_rate: [0.01, -1]\n", "parameters.training.learning_rate", "a number > 0.0"),
+    ("parameters:\n  training.batch_size: {min: 8, max: 64}\n", "parameters.training.batch_size", "a list of values"),
+    ("method: random\ntrials: 2\nparameters:\n  training.learning_rate: {min: 0, max: 1, log: true}\n",
+     "parameters.training.learning_rate", "a > 0"),
+    ("method: random\nparameters:\n  hparams.units: [1]\n", "trials", "an integer ≥ 1"),
+    ("trials: 3\nparameters:\n  hparams.units: [1]\n", "trials", "only with method: random"),
+    ("method: bayes\nparameters:\n  hparams.units: [1]\n", "method", "grid"),
+    ("parallel: 0\nparameters:\n  hparams.units: [1]\n", "parallel", "from 1 to 9"),
+    ("metric: f1\nparameters:\n  hparams.units: [1]\n", "metric", "loss, mae, rmse"),
+    ("metric: rmse\ndirection: up\nparameters:\n  hparams.units: [1]\n", "direction", "maximize or minimize"),
+    ("parameter:\n  hparams.units: [1]\n", "parameter", "one of the keys"),
+    ("name: 'a b'\nparameters:\n  hparams.units: [1]\n", "name", "letters, digits"),
+    ("- 1\n", "file", "a YAML mapping"),
+])
+def test_a_bad_sweep_file_names_the_field_and_what_is_allowed(tmp_path, spec, text, field, allowed):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        sweepfile.load(path, spec)
+    assert err.value.field == f"sweep {path}: {field}"
+    assert allowed in err.value.allowed
+
+
+def test_a_long_cluster_name_cannot_have_groups(tmp_path):
+    long = config.resolve(config.load_file(DIABETES), {"cluster": "a-seventeen-chars"})
+    with pytest.raises(ConfigError) as err:
+        sweepfile.load(write(tmp_path, "parallel: 2\nparameters:\n  hparams.units: [1]\n"), long)
+    assert err.value.field == "cluster" and "at most 16 characters" in err.value.allowed
+    assert sweepfile.load(write(tmp_path, "parallel: 1\nparameters:\n  hparams.units: [1]\n"), long).parallel == 1
+
+
+def test_group_k_is_its_own_cluster_with_the_kth_next_subnet_when_the_subnet_is_given():
+    base = config.resolve({"cluster": "exp", "network": {"subnet": "10.231.240.0/24"}})
+    assert groups.spec_for(base, 0) is base
+    g2 = groups.spec_for(base, 2)
+    assert (g2.cluster, g2.network.subnet) == ("exp-g2", "10.231.242.0/24")
+    assert g2.training == base.training and g2.nodes == base.nodes
+    auto = config.resolve({"cluster": "exp"})
+    assert groups.spec_for(auto, 1).network.subnet == "auto"    # from the group's own name
+
+
+def test_the_group_record_lists_what_down_must_remove(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
+    assert groups.extra("exp") == []
+    groups.remember("exp", "exp-g2")
+    groups.remember("exp", "exp-g1")
+    groups.remember("exp", "exp-g1")
+    assert groups.extra("exp") == ["exp-g1", "exp-g2"]
+    groups.forget("exp", "exp-g1")
+    groups.forget("exp", "exp-g2")
+    assert groups.extra("exp") == [] and not (tmp_path / "exp" / "groups.json").exists()
+
+
+def test_the_record_keeps_what_earlier_runs_of_the_same_sweep_found_by_the_trials_values(tmp_path, spec,
+                                                                                       monkeypatch):
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
+    path = write(tmp_path, "name: s1\nparameters:\n  training.learning_rate: [0.001, 0.01]\n")
+    sw = sweepfile.load(path, spec)
+    rec = sweep.Record(spec, sw)
+    rec.update(rec.trials()[1], state="verified", metric=0.9, run_id="r1")
+    # the file grows a value: the verified trial is still known by its values, under its new id
+    path.write_text("name: s1\nparameters:\n  training.learning_rate: [0.0001, 0.001, 0.01]\n")
+    again = sweep.Record(spec, sweepfile.load(path, spec))
+    states = {t["params"]["training.learning_rate"]: (t["id"], t["state"]) for t in again.trials()}
+    assert states == {0.0001: ("t00", "pending"), 0.001: ("t01", "pending"), 0.01: ("t02", "verified")}
+
+
+def test_trials_rank_by_the_metric_in_its_direction_and_the_best_is_a_verified_one(tmp_path, spec):
+    sw = sweepfile.load(write(tmp_path, "parameters:\n  training.learning_rate: [1, 2, 3, 4]\nmetric: loss\n"),
+                    spec)
+    trials = [dict(t) for t in sw.trials]
+    for t, state, value in zip(trials, ["verified", "failed", "verified", "verified"], [0.5, None, 0.2, 0.9],
+                               strict=True):
+        t.update(state=state, metric=value, run_id=f"r-{t['id']}", group="g", s3_prefix="s3://b/p/",
+                 seconds=12.0)
+    assert [t["id"] for t in sweep.ranked(trials, "minimize")] == ["t02", "t00", "t03", "t01"]
+    assert [t["id"] for t in sweep.ranked(trials, "maximize")] == ["t03", "t00", "t02", "t01"]
+    assert sweep.best(sw, trials)["trial"] == "t02" and sweep.best(sw, trials)["value"] == 0.2
+    lines = sweep.table(sw, trials).splitlines()
+    assert lines[0].split() == ["trial", "learning_rate", "loss", "time", "state", "run"]
+    assert lines[1].split()[:3] == ["t02", "3", "0.2000"] and lines[-1].split()[-2:] == ["failed", "r-t01"]
+    for t in trials:
+        t["state"] = "failed"
+    assert sweep.best(sw, trials) is None
+
+
+@pytest.mark.parametrize("command", ["sweep", "up", "all"])
+def test_a_bad_sweep_exits_2_with_one_line_and_creates_nothing(tmp_path, home, command):
+    path = write(tmp_path, "parameters:\n  training.learning_rate: [0.01, 0]\nparallel: 2\n")
+    res = run_cli(command, "-c", str(DIABETES), "--cluster", "tfct-swbad", "--sweep", str(path), home=home)
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in res.stderr
+    assert f"sweep {path}: parameters.training.learning_rate: got 0" in err[0]
+    assert not (home / "tfct-swbad").exists() and not (home / "tfct-swbad-g1").exists()
+
+
+def test_a_missing_sweep_file_is_refused(home):
+    res = run_cli("sweep", "--cluster", "tfct-swbad", "--sweep", "/nope/sweep.yml", home=home)
+    assert res.returncode == 2 and "SWEEP: got '/nope/sweep.yml'; allowed: an existing sweep file" in res.stderr
+
+
+def test_tensorboard_names_a_sweeps_trials_from_its_record(tmp_path, spec, monkeypatch):
+    from tfcluster import tensorboard
+
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
+    path = write(tmp_path, "name: s2\nparameters:\n  training.learning_rate: [0.001, 0.01]\n")
+    sw = sweepfile.load(path, spec)
+    rec = sweep.Record(spec, sw)
+    rec.update(rec.trials()[0], run_id="20261123-070000-ab12", group="tfct-sw-g1")
+    assert tensorboard.sweep_runs(spec, str(path), client=None) == [
+        ("tfct-sw-g1", "20261123-070000-ab12", "t00-learning_rate=0.001")]
+    assert json.loads(rec.path.read_text())["trials"][1]["state"] == "pending"
