@@ -193,3 +193,18 @@ def test_tensorboard_names_a_sweeps_trials_from_its_record(tmp_path, spec, monke
     assert tensorboard.sweep_runs(spec, str(path), client=None) == [
         ("tfct-sw-g1", "20261123-070000-ab12", "t00-learning_rate=0.001")]
     assert json.loads(rec.path.read_text())["trials"][1]["state"] == "pending"
+
+
+def test_down_refuses_while_any_groups_model_is_unverified_and_destroys_no_group(home):
+    """The guard of every group is checked before any group is destroyed (no nodes needed: the records)."""
+    (home / "tfct-swg").mkdir()
+    (home / "tfct-swg" / "groups.json").write_text(json.dumps({"groups": ["tfct-swg-g1"]}))
+    (home / "tfct-swg" / "run.json").write_text(json.dumps({"run_id": "r0", "state": "verified"}))
+    (home / "tfct-swg-g1").mkdir()
+    (home / "tfct-swg-g1" / "run.json").write_text(json.dumps(
+        {"run_id": "r1", "state": "unverified", "s3_prefix": "s3://tfcluster/runs/tfct-swg-g1/r1/"}))
+    res = run_cli("down", "--cluster", "tfct-swg", home=home)
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "refusing to destroy cluster tfct-swg-g1: run r1 published a model" in res.stderr
+    assert "destroy cluster" not in res.stdout
+    assert json.loads((home / "tfct-swg" / "groups.json").read_text())["groups"] == ["tfct-swg-g1"]
