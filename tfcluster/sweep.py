@@ -139,10 +139,9 @@ class Scheduler:
         threads = [threading.Thread(target=self._group_loop, args=(g,), daemon=True) for g in usable]
         for t in threads:
             t.start()
-        try:
+        try:   # never Ctrl-C a join(): an interrupted join can leave is_alive() False for a running thread
             while any(t.is_alive() for t in threads):
-                for t in threads:
-                    t.join(0.5)
+                time.sleep(0.5)
         except KeyboardInterrupt:
             self._interrupt(threads)
             raise
@@ -158,8 +157,8 @@ class Scheduler:
             for proc in list(self.procs.values()):
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGINT)
-            for t in threads:
-                t.join()
+            while any(t.is_alive() for t in threads):
+                time.sleep(0.5)
         finally:
             signal.signal(signal.SIGINT, previous)
 
