@@ -235,8 +235,24 @@ def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
     if configure_first:
         configure(spec)
     run, settings = _open_run(spec, state, run, prepared, trial)
+    if run["resumed"] and _published(spec, settings):
+        # stopped (Ctrl-C, a lost controller) after the chief had published: the model is whole in S3, and a
+        # chief started again would refuse to publish over it. Verify it instead of training again.
+        run["state"] = RunState.UNVERIFIED
+        runrecord.write(state, run)
+        say(f"run {run['run_id']} was published before it was stopped: verifying it instead of training again")
+        return verify(spec, run)
     final = _run_tasks(spec, state, nodes, run, settings)
     return _conclude(spec, state, nodes, run, final)
+
+
+def _published(spec: RunSpec, settings: dict) -> bool:
+    from tfc_harness import publish
+
+    try:
+        return publish.published(store.client(spec), spec.storage.bucket, settings["s3"]["run_prefix"])
+    except Exception:   # S3 unreachable now: the chief finds out itself (and refuses to publish twice)
+        return False
 
 
 def _check_cluster_fits(spec: RunSpec, state: ClusterState) -> None:

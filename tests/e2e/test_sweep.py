@@ -31,7 +31,7 @@ strategy: multi_worker_mirrored
 nodes:
   ps: {{count: 0}}
   worker: {{count: 1}}
-training: {{steps: 1500, checkpoint_every: 100}}
+training: {{steps: 3000, checkpoint_every: 100}}
 """
 SWEEP_FILE = """
 name: lr-batch
@@ -86,7 +86,7 @@ def interrupted(files, home, env):
     try:
         for line in proc.stdout:
             out.append(line)
-            m = re.match(r"\[(t\d+) \S+\]\s+\[training\] step (\d+)/1500", line)
+            m = re.match(r"\[(t\d+) \S+\]\s+\[training\] step (\d+)/3000", line)
             if m and int(m.group(2)) >= 250:
                 saved.add(m.group(1))
             if len(saved) == 2:
@@ -126,15 +126,17 @@ def resumed(interrupted, files, home, env):
 def test_the_same_sweep_resumes_its_trials_and_ends_with_the_table_and_the_best_model(resumed, interrupted, home,
                                                                                      env):
     res, before = resumed
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
-    out = res.stdout
     rec = record(home)
+    errors = {t["id"]: t.get("error") for t in rec["trials"] if t.get("state") != "verified"}
+    assert res.returncode == 0, f"{errors}\n" + res.stdout[-6000:] + res.stderr[-2000:]
+    out = res.stdout
     trials = {t["id"]: t for t in rec["trials"]}
     assert len(trials) == 4 and {t["state"] for t in trials.values()} == {"verified"}, rec
     for tid in interrupted[2]:   # the interrupted ones resumed their own runs, from their checkpoints
         assert trials[tid]["run_id"] == before[tid]["run_id"]
         assert re.search(rf"\[{tid} \S+\] ==> resuming run {before[tid]['run_id']}", out), out[-5000:]
-        assert trials[tid]["restored_from_step"] >= 200, trials[tid]
+    # (a trial whose chief had published when Ctrl-C came is verified, not trained again: restored 0)
+    assert max(trials[tid]["restored_from_step"] for tid in interrupted[2]) >= 200, trials
     for t in trials.values():
         assert 0.5 <= t["metric"] <= 1.0 and t["metric"] == t["metrics"]["test_accuracy"]
     # the table: every trial, best first

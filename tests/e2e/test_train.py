@@ -125,6 +125,23 @@ def test_second_configure_changes_nothing(home, artifacts, trained):
     assert len(recap) == 4 and all(changed == "0" for _, changed in recap), recap
 
 
+def test_a_run_stopped_after_its_chief_published_is_verified_not_trained_again(home, artifacts, trained):
+    """Ctrl-C (or a lost controller) can land after the chief published but before the controller saw it:
+    the record says interrupted while the model is whole in S3. The next train verifies that run."""
+    path = home / CLUSTER / "run.json"
+    run = json.loads(path.read_text())
+    assert run["state"] == "verified"
+    path.write_text(json.dumps(dict(run, state="interrupted")))
+    res = tfcluster(home, artifacts, "train", "--skip-configure")
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert f"resuming run {run['run_id']}" in res.stdout
+    assert f"run {run['run_id']} was published before it was stopped: verifying it" in res.stdout
+    assert "start the tasks" not in res.stdout
+    after = json.loads(path.read_text())
+    assert after["state"] == "verified" and after["run_id"] == run["run_id"]
+    assert after["test_accuracy"] == run["test_accuracy"]
+
+
 @pytest.mark.parametrize("example, headline, good", [("diabetes", "mae", lambda v: v < 48),
                                                       ("cancer", "auc", lambda v: v > 0.97)])
 def test_an_example_with_its_data_in_the_store_trains_on_the_same_cluster(home, artifacts, trained, example,
