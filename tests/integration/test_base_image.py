@@ -19,8 +19,10 @@ from tests.integration.helpers import force_down, leftovers, make, node_input, o
 from tfcluster import ansible_run
 from tfcluster.paths import ClusterState
 
-pytestmark = [pytest.mark.integration, needs_root()]
+pytestmark = [pytest.mark.integration, pytest.mark.bare_image, needs_root()]
 CLUSTER = "tfct-img"
+#: the cloud-like path: no baked node image (tfcluster.baked), whether one is built or not
+BARE = "nodes: {ps: {image: base}, worker: {image: base}, chief: {image: base}}\n"
 PLAYBOOK = Path(__file__).with_name("common.yml")
 VENV_CHECK = "python3 -c 'import venv, ensurepip' && echo venv-ok"
 
@@ -29,7 +31,9 @@ VENV_CHECK = "python3 -c 'import venv, ensurepip' && echo venv-ok"
 def home(tmp_path_factory):
     h = tmp_path_factory.mktemp("img") / "state"
     h.mkdir()
-    res = make("up", h, CLUSTER=CLUSTER, WORKERS="1", timeout=300)
+    bare = h.parent / "bare.yml"
+    bare.write_text(BARE)
+    res = make("up", h, CLUSTER=CLUSTER, WORKERS="1", CONFIG=str(bare), timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     yield h
     force_down(h, CLUSTER)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 from tfcluster import baked
 from tfcluster.config import resolve
+from tfcluster.errors import EXIT_USAGE
+from tfcluster.paths import ClusterState
+from tfcluster.providers.local import LocalProvider
 
 
 @pytest.fixture
@@ -93,3 +97,48 @@ def test_scrub_removes_per_node_state_and_keeps_the_rest(tmp_path: Path):
     assert all((root / k).exists() for k in kept)
     assert (root / "var" / "lib" / "tfcluster").is_dir()
     assert "etc/hostname" in removed
+
+
+# -- which image a local cluster's nodes mount ----------------------------------------------------------------
+def _fake_image(images: Path, name: str, key: str, built: float) -> Path:
+    d = images / name
+    (d / "layer").mkdir(parents=True)
+    (d / "image.json").write_text(json.dumps({"kind": baked.KIND, "name": name, "key": key, "built": built}))
+    return d
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.setenv("TFCLUSTER_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "_images"
+
+
+def test_up_mounts_the_newest_image_of_the_matching_key(cache, tmp_path):
+    spec = resolve({}, {"cluster": "tfcimg-pick"})
+    provider = LocalProvider(ClusterState(spec.cluster, root=tmp_path / "state"))
+    assert provider.layers(spec) == {"ps": "", "worker": "", "chief": ""}   # none built: the bare base image
+    key_now = baked.local_inputs(spec).key
+    _fake_image(cache, f"tf-2.21.0-cpu-{key_now}", key_now, built=100)
+    newest = _fake_image(cache, "tf-2.21.0-cpu-rebuilt", key_now, built=200)
+    _fake_image(cache, "tf-2.21.0-cpu-0123456789ab", "0123456789ab", built=300)   # newer, another key
+    assert provider.layers(spec) == {r: str(newest / "layer") for r in ("ps", "worker", "chief")}
+    # 'base' keeps a role on the bare base image; a built image's name selects it, whatever its key
+    chosen = resolve({}, {"cluster": "tfcimg-pick", "nodes.ps.image": "base",
+                          "nodes.worker.image": "tf-2.21.0-cpu-0123456789ab"})
+    assert provider.layers(chosen) == {"ps": "", "worker": str(cache / "tf-2.21.0-cpu-0123456789ab" / "layer"),
+                                       "chief": str(newest / "layer")}
+
+
+def test_a_bad_image_value_is_refused_naming_the_field_and_what_is_allowed(cache, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    _fake_image(cache, "tf-2.21.0-cpu-0123456789ab", "0123456789ab", built=1)
+    for command in ("up", "plan"):
+        res = run_cli(command, "--cluster", "tfcimg-bad", "--set", "nodes.worker.image=tf-9", home=home,
+                      env={"TFCLUSTER_CACHE": str(cache.parent)})
+        assert res.returncode == EXIT_USAGE, res.stdout + res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+        for part in ("nodes.worker.image", "tf-9", "'base'", "tf-2.21.0-cpu-0123456789ab"):
+            assert part in lines[0], lines[0]
+    assert list(home.iterdir()) == []   # nothing created
