@@ -76,9 +76,10 @@ def test_store(tmp_path_factory):
 #: the builder node of the tests' image: a cluster name and a subnet of its own (outside the other tests' networks)
 IMAGE_CLUSTER = "tfct-image"
 IMAGE_SUBNET = "10.231.249.0/24"
-#: the tests whose clusters mount the baked image (the rest of tests/integration keeps the bare base image
-#: where it says so: test_base_image, the cloud-like path)
-IMAGED = ("tests/integration/", "tests/e2e/", "tests/harness/test_e2e", "tests/reliability/")
+#: the tests whose local clusters mount the baked image (a module marked bare_image keeps the bare base image:
+#: test_base_image, the cloud-like path). tests/harness's end-to-end tests run their tasks as processes on
+#: loopback with the controller's TensorFlow, on no node: they need no image.
+IMAGED = ("tests/integration/", "tests/e2e/", "tests/reliability/")
 
 
 @pytest.fixture(scope="session")
