@@ -125,6 +125,13 @@ class LocalProvider(TerraformProvider):
     def inputs(self, spec: RunSpec, public_key: str) -> dict:
         return super().inputs(spec, public_key) | {"images": self.layers(spec)}
 
+    def node_image(self, spec: RunSpec, role: str) -> str:
+        """A role's image as ``plan`` shows it: the baked image it gets (or up bakes), or the bare base image."""
+        if spec.nodes[role].image == baked.BASE:
+            return str(self.default_image.name)
+        found = self.image_for(spec, role)
+        return Path(found["dir"]).name if found else f"{baked.local_inputs(spec).full_name} (to bake)"
+
     def _check_memory(self, memory: str) -> None:
         """node_memory_mb needs a memory cgroup controller, and is fixed once the nodes are made (their init
         joins the cgroup when it starts; a node is never made anew under a live cluster)."""
