@@ -93,7 +93,7 @@ def test_nodes_mount_the_image_and_its_roles_change_nothing(imaged):
 def test_training_works_on_an_imaged_cluster(imaged, tmp_path):
     home, config, _ = imaged
     started = time.monotonic()
-    res = make("train", home, CLUSTER=CLUSTER, CONFIG=str(config), STEPS="60",
+    res = make("train", home, CLUSTER=CLUSTER, WORKERS="1", CONFIG=str(config), STEPS="60",
                env={"TFCLUSTER_ARTIFACTS": str(tmp_path)}, timeout=900)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
     configure = re.search(r"configure 3 nodes .*: done in ([\d.]+)s", res.stdout)
