@@ -49,6 +49,10 @@ example-data: $(BOOTSTRAP) ## Write the examples' data (examples/README.md) to t
 	$(TFCLUSTER) example-data $(CONFIG_ARGS)
 
 ##@ A run
+.PHONY: image
+image: $(BOOTSTRAP) ## Bake the node image (TensorFlow and the rest of the roles but tf_node) once per content key; up uses it
+	$(TFCLUSTER) image $(CONFIG_ARGS)
+
 .PHONY: all
 all: $(BOOTSTRAP) ## up, train, down: down runs after success, failure and Ctrl-C (exit status: the first failure; SWEEP=file: a sweep)
 	$(TFCLUSTER) all $(CONFIG_ARGS) $(SWEEP_ARGS) $(if $(FORCE),--force)

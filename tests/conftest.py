@@ -73,6 +73,37 @@ def test_store(tmp_path_factory):
             _restore("TFCLUSTER_HOME", saved)
 
 
+#: the builder node of the tests' image: a cluster name and a subnet of its own (outside the other tests' networks)
+IMAGE_CLUSTER = "tfct-image"
+IMAGE_SUBNET = "10.231.249.0/24"
+#: the tests whose local clusters mount the baked image (a module marked bare_image keeps the bare base image:
+#: test_base_image, the cloud-like path). tests/harness's end-to-end tests run their tasks as processes on
+#: loopback with the controller's TensorFlow, on no node: they need no image.
+IMAGED = ("tests/integration/", "tests/e2e/", "tests/reliability/")
+
+
+@pytest.fixture(scope="session")
+def node_image() -> dict | None:
+    """The node image (tfcluster.baked) every imaged cluster test's nodes mount: baked once per content key in
+    the shared cache, so only a session after a change to the roles, locks or versions bakes it (one builder
+    node), and every cluster after it only checks in configure."""
+    if os.geteuid() != 0:
+        return None
+    from tfcluster import baked
+    from tfcluster.config import resolve
+
+    spec = resolve({}, {"cluster": IMAGE_CLUSTER, "network.subnet": IMAGE_SUBNET})
+    return baked.ensure_local(spec, log=lambda msg: print(msg, flush=True))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Cluster tests get the node image first (a session fixture), unless marked ``bare_image``."""
+    for item in items:
+        rel = Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
+        if rel.startswith(IMAGED) and not item.get_closest_marker("bare_image"):
+            item.fixturenames.insert(0, "node_image")
+
+
 def _restore(key: str, value: str | None) -> None:
     if value is None:
         os.environ.pop(key, None)

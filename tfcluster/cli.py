@@ -233,6 +233,22 @@ def cmd_tensorboard(args) -> int:
     return tensorboard.show(spec_from_args(args), run=args.run, port=args.port, sweep=args.sweep or None)
 
 
+def cmd_image(args) -> int:
+    from . import baked
+    from .cluster import say
+
+    if args.list:
+        for d in baked.built():
+            print(f"{d['name']}  key {d['key']}  {d.get('bytes', 0) / 2**20:.0f} MiB  {d['dir']}")
+        return 0
+    spec = spec_from_args(args)  # bad input stops here, before anything exists
+    if spec.provider != "local":
+        raise ConfigError("provider", spec.provider, "local for 'tfcluster image' (on aws, see README: baked AMIs)")
+    record = baked.ensure_local(spec, log=say)
+    print(f"image {record['name']} (key {record['key']}): {record['dir']}")
+    return 0
+
+
 def cmd_reference(args) -> int:
     print(config.reference())
     return 0
@@ -313,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="stop: even while clusters are up")
     _config_args(add("example-data", cmd_example_data, "write the data of examples/ (diabetes CSV, cancer TFRecord "
                                                        "shards) to the configured store's bucket; idempotent"))
+    p = add("image", cmd_image, "bake the node image of the configuration (roles common, gpu_driver, tensorflow on "
+                                "one builder node), once per content key; up uses it")
+    _config_args(p)
+    p.add_argument("--list", action="store_true", help="list the baked images on this machine, newest first")
     add("config-reference", cmd_reference, "print the configuration fields as a Markdown table")
     add("schema", cmd_schema, "print the JSON Schema of the cluster file (for editors' YAML support)")
     return parser

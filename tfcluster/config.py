@@ -329,8 +329,11 @@ class Section(BaseModel):
 
 class NodeGroup(Section):
     instance_type: SingleLine = Field("", description="cloud instance type (ignored by local)")
-    image: SingleLine = Field("", description="cloud image id or name (ignored by local; '' = the provider's "
-                                              "default, Debian 12)")
+    image: SingleLine = Field("", description="image of the role's nodes: on a cloud an image id or name ('' = the "
+                                              "provider's default, Debian 12, or on aws the newest baked AMI of the "
+                                              "configuration); on local '' = the newest baked node image of the "
+                                              "configuration (baked first by up when there is none), 'base' = the "
+                                              "bare base image, or a built image's name ('tfcluster image --list')")
     gpus: Int(0, 16) = Field(0, description="GPUs per node of this role")
 
 

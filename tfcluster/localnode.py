@@ -234,6 +234,8 @@ def _prepare_root(node_dir: Path, p: dict) -> None:
     image_root, upper, user = Path(p["image_root"]), node_dir / "upper", p["ssh_user"]
     if not (image_root / "usr" / "sbin" / "sshd").exists():
         raise NodeError(f"node {p['name']}: {image_root} is not a base image with sshd (see tfcluster.image)")
+    if p.get("image_layer") and not Path(p["image_layer"]).is_dir():
+        raise NodeError(f"node {p['name']}: its image layer {p['image_layer']} is not there (see tfcluster.baked)")
     for d in ("work", "merged"):
         (node_dir / d).mkdir(parents=True, exist_ok=True)
     _mkdir(upper, 0o755)
@@ -333,11 +335,17 @@ def _memory_cgroup(p: dict) -> Path | None:
     return cgroup.create(p["cgroup"], int(p["memory_mb"])) if p.get("memory_mb") else None
 
 
+def lower_dirs(p: dict) -> str:
+    """The overlay's read-only layers, top first: the baked image's layer (tfcluster.baked), if any, then
+    the base image."""
+    return ":".join(d for d in (p.get("image_layer", ""), p["image_root"]) if d)
+
+
 def _start_init(p: dict, fault: str, memory_cgroup: Path | None) -> subprocess.Popen:
     """Start the node's init (INIT_SCRIPT, ending in sshd) in its namespaces and, if any, its memory cgroup."""
     node_dir = Path(p["node_dir"])
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TFC_NAME": p["name"], "TFC_DIR": str(node_dir),
-           "TFC_IMAGE": p["image_root"], "TFC_DEVICES": " ".join(NODE_DEVICES),
+           "TFC_IMAGE": lower_dirs(p), "TFC_DEVICES": " ".join(NODE_DEVICES),
            "TFC_DROP_CAPS": ",".join(f"-{c}" for c in DROPPED_CAPS),
            "TFC_NOSSHD": "1" if fault == "nosshd" else ""}
     join = (lambda: cgroup.enter(memory_cgroup)) if memory_cgroup else None

@@ -90,6 +90,7 @@ resource "terraform_data" "node" {
     ssh_public_key = var.ssh_public_key
     ssh_user       = local.ssh_user
     image_root     = var.provider_options["image_root"]
+    image_layer    = lookup(var.images, each.value.role, "")
     apt_proxy      = local.apt_proxy
     ssh_timeout    = lookup(var.provider_options, "ssh_timeout", "20")
     store_ip       = lookup(var.provider_options, "store_ip", "")

@@ -45,7 +45,7 @@ variable "instance_types" {
 }
 
 variable "images" {
-  description = "Image per role; '' means the provider's default. Ignored by local (nodes overlay the host's /)."
+  description = "Image per role: the directory of a baked image's layer (tfcluster/baked.py), mounted read-only above the base image; '' means the bare base image."
   type        = map(string)
   default     = {}
 }

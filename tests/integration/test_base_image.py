@@ -16,11 +16,16 @@ import pytest
 
 from tests.conftest import REPO, needs_root
 from tests.integration.helpers import force_down, leftovers, make, node_input, outside_namespace, ssh
-from tfcluster import ansible_run
+from tfcluster import ansible_run, baked
+from tfcluster.config import resolve
 from tfcluster.paths import ClusterState
+from tfcluster.providers.base import Node
+from tfcluster.providers.local import LocalProvider
 
-pytestmark = [pytest.mark.integration, needs_root()]
+pytestmark = [pytest.mark.integration, pytest.mark.bare_image, needs_root()]
 CLUSTER = "tfct-img"
+#: the cloud-like path: no baked node image (tfcluster.baked), whether one is built or not
+BARE = "nodes: {ps: {image: base}, worker: {image: base}, chief: {image: base}}\n"
 PLAYBOOK = Path(__file__).with_name("common.yml")
 VENV_CHECK = "python3 -c 'import venv, ensurepip' && echo venv-ok"
 
@@ -29,7 +34,9 @@ VENV_CHECK = "python3 -c 'import venv, ensurepip' && echo venv-ok"
 def home(tmp_path_factory):
     h = tmp_path_factory.mktemp("img") / "state"
     h.mkdir()
-    res = make("up", h, CLUSTER=CLUSTER, WORKERS="1", timeout=300)
+    bare = h.parent / "bare.yml"
+    bare.write_text(BARE)
+    res = make("up", h, CLUSTER=CLUSTER, WORKERS="1", CONFIG=str(bare), timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     yield h
     force_down(h, CLUSTER)
@@ -135,3 +142,19 @@ def test_task_status_is_read_through_sudo_and_never_empty_on_an_error(home, node
     plain = on(home, nodes, "chief-0", f"/usr/local/bin/tfc-supervise status --dir {TASK_DIR}")
     assert plain.returncode == 3 and "cannot read" in plain.stderr and plain.stdout == "", plain
     assert node_task_status(state, chief)["supervisor"] == {"state": "succeeded", "exit_code": 0}
+
+
+def test_the_image_roles_install_tensorflow_on_the_bare_nodes_then_change_nothing(home, nodes):
+    """The cloud-like path of the image roles (what a builder node, or a bare cloud VM, goes through): TensorFlow
+    installed from the wheelhouse served on the bridge and imported; a second run changes nothing."""
+    spec = resolve({}, {"cluster": CLUSTER, "nodes.worker.count": 1})
+    state = ClusterState(CLUSTER, root=home)
+    members = [Node.from_dict(n) for n in nodes.values()]
+    host = LocalProvider(state).wheelhouse_host(spec)
+    first = baked.apply_roles(spec, state, members, host, log=print)
+    assert all(first[n.name]["changed"] > 0 for n in members), first
+    for node in nodes:
+        out = ssh(home, CLUSTER, nodes[node]["private_ip"], "cat /opt/tfcluster/venv/.tfcluster-verified")
+        assert out.stdout.split()[0] == spec.tensorflow.version, out.stdout + out.stderr
+    again = baked.apply_roles(spec, state, members, host, log=print)
+    assert {n.name: again[n.name]["changed"] for n in members} == {n.name: 0 for n in members}, again

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import REPO, run_cli
 from tests.unit.test_bad_input import CASES, run_case
 from tests.unit.test_config import _cluster_traces
-from tfcluster import localnode, terraform
+from tfcluster import baked, localnode, terraform
 from tfcluster.config import resolve
 from tfcluster.paths import ClusterState
 from tfcluster.plan import time_lines
@@ -58,9 +58,11 @@ def test_plan_local_prints_every_section_and_creates_nothing(home):
     subnet, bridge = subnet_for(spec), localnode.bridge_name(CLUSTER)
     # every node: role, type, image, GPUs and the address Terraform plans for it
     nodes = [f"{CLUSTER}-ps-0", *(f"{CLUSTER}-worker-{i}" for i in range(3)), f"{CLUSTER}-chief-0"]
+    inputs = baked.local_inputs(spec)   # the node image of the configuration: built already, or up bakes it
+    image = re.escape(f"{inputs.full_name}" if baked.find(inputs.key) else f"{inputs.full_name} (to bake)")
     for pos, name in enumerate(nodes):
         ip = ipaddress.ip_network(subnet)[10 + pos]
-        assert re.search(rf"^  {name} +\w+ +namespace +Debian 12 \(the local base image\) +0 +{ip}$", out, re.M), out
+        assert re.search(rf"^  {name} +\w+ +namespace +{image} +0 +{ip}$", out, re.M), out
         assert f"network namespace tfc_{CLUSTER}_{name} at {ip}/24" in out
     # what the network exposes, the time limits and the model's place
     assert f"nodes on bridge {bridge} ({subnet}) without a default route" in out

@@ -118,6 +118,31 @@ class AwsProvider(TerraformProvider):
                 raise ConfigError(f"nodes.{role}.image", image,
                                   "'' (Debian 12, the official AMI) or an AMI id such as ami-0123456789abcdef0")
 
+    #: each role's AMI found by baked_images (set by up): a baked image of the configuration's content key
+    baked: dict[str, str] | None = None
+
+    def baked_images(self, spec: RunSpec) -> dict[str, str]:
+        """For each role whose nodes.<role>.image is '': the newest baked AMI (tfcluster.providers.aws_image)
+        tagged with the role's content key, or '' (the module's Debian AMI)."""
+        from . import aws_image
+
+        ec2 = aws_image.ec2_client(spec)
+        found = {}
+        for role in ROLES:
+            if spec.count(role) and not spec.nodes[role].image:
+                found[role] = aws_image.find_ami(ec2, aws_image.inputs_for(spec, ec2, role).key) or ""
+        return found
+
+    def inputs(self, spec: RunSpec, public_key: str) -> dict:
+        inputs = super().inputs(spec, public_key)
+        if self.baked:
+            inputs["images"] = {r: spec.nodes[r].image or self.baked.get(r, "") for r in ROLES}
+        return inputs
+
+    def up(self, spec: RunSpec, public_key: str):
+        self.baked = self.baked_images(spec)
+        return super().up(spec, public_key)
+
     def provider_options(self, spec: RunSpec) -> dict[str, str]:
         """The user's options as strings for the module; the region defaults to the bucket's."""
         opts = self.options_for(spec).model_dump(exclude_none=True)

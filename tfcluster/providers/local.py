@@ -8,12 +8,13 @@ import shutil
 import subprocess
 import sys
 import zlib
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import Field
 
-from .. import aptproxy, cgroup, image, localnode, store
-from ..config import Checked, RunSpec, whole_number_check
+from .. import aptproxy, baked, cgroup, image, localnode, store
+from ..config import ROLES, Checked, RunSpec, whole_number_check
 from ..errors import ConfigError
 from ..paths import ClusterState, cache_root
 from ..tfsupport import DefaultImage
@@ -89,6 +90,47 @@ class LocalProvider(TerraformProvider):
                 raise ConfigError("network.subnet", str(subnet),
                                   f"a network not already routed on this machine ({net} is on {dev})")
         self._check_memory(self.options_for(spec).node_memory_mb or "")
+        for role in ROLES:
+            if spec.count(role):
+                self.image_for(spec, role)  # a bad nodes.<role>.image stops here
+
+    # -- images (tfcluster.baked) -------------------------------------------------------------------------
+    def image_for(self, spec: RunSpec, role: str) -> dict | None:
+        """The baked image a role's nodes mount (its record), None for the bare base image. nodes.<role>.image:
+        '' = the newest image matching the configuration's content key (None when none is built yet),
+        'base' = the bare base image, or the name of a built image."""
+        value = spec.nodes[role].image
+        if value == baked.BASE:
+            return None
+        if not value:
+            return baked.find(baked.local_inputs(spec, spec.nodes[role].gpus).key)
+        found = baked.by_name(value)
+        if found is None:
+            names = [Path(d["dir"]).name for d in baked.built()]
+            raise ConfigError(f"nodes.{role}.image", value,
+                              f"'' (the newest image matching the roles, else the base image), '{baked.BASE}' "
+                              "(the bare base image) or a built image (" + (", ".join(names) or "none built yet")
+                              + "; 'make image' builds one)")
+        return found
+
+    def layers(self, spec: RunSpec) -> dict[str, str]:
+        """Each role's image layer ('' = the bare base image). A cluster whose nodes exist keeps the layers
+        they were made with: a node is never made anew under a live cluster."""
+        made = {n["role"]: n.get("image_layer", "") for n in self._made_inputs() if "role" in n}
+        if made:
+            return {r: made.get(r, "") for r in ROLES}
+        return {r: baked.layer(found) if spec.count(r) and (found := self.image_for(spec, r)) else ""
+                for r in ROLES}
+
+    def inputs(self, spec: RunSpec, public_key: str) -> dict:
+        return super().inputs(spec, public_key) | {"images": self.layers(spec)}
+
+    def node_image(self, spec: RunSpec, role: str) -> str:
+        """A role's image as ``plan`` shows it: the baked image it gets (or up bakes), or the bare base image."""
+        if spec.nodes[role].image == baked.BASE:
+            return str(self.default_image.name)
+        found = self.image_for(spec, role)
+        return Path(found["dir"]).name if found else f"{baked.local_inputs(spec).full_name} (to bake)"
 
     def _check_memory(self, memory: str) -> None:
         """node_memory_mb needs a memory cgroup controller, and is fixed once the nodes are made (their init
@@ -104,18 +146,34 @@ class LocalProvider(TerraformProvider):
 
     def _node_memory_made(self) -> set[str]:
         """node_memory_mb ('' = none) of the nodes Terraform's state records (none: an empty set)."""
+        return self._made("memory_mb")
+
+    def _made_inputs(self) -> list[dict]:
+        """The input of each node Terraform's state records (none: an empty list)."""
         try:
             resources = json.loads((self.state.terraform_dir / "terraform.tfstate").read_text())["resources"]
-            return {inst["attributes"]["input"]["value"].get("memory_mb", "")
-                    for res in resources if res["type"] == "terraform_data" and res["name"] == "node"
-                    for inst in res["instances"]}
+            found = [dict(inst["attributes"]["input"]["value"])
+                     for res in resources if res["type"] == "terraform_data" and res["name"] == "node"
+                     for inst in res["instances"]]
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return set()
+            return []
+        for n in found:  # the node's role, from its name <cluster>-<role>-<index>
+            parts = str(n.get("name", "")).rsplit("-", 2)
+            if len(parts) == 3:
+                n["role"] = parts[1]
+        return found
+
+    def _made(self, field: str) -> set[str]:
+        return {n.get(field, "") for n in self._made_inputs()}
 
     def up(self, spec: RunSpec, public_key: str) -> list[Node]:
         from ..cluster import say
 
         image.ensure(log=say)  # once per recipe, shared by every cluster
+        if not self._made_inputs():  # new nodes: bake the image they will mount first, if none matches yet
+            for role in ROLES:
+                if spec.count(role) and not spec.nodes[role].image and self.image_for(spec, role) is None:
+                    baked.ensure_local(spec, log=say, gpus=spec.nodes[role].gpus)
         return super().up(spec, public_key)
 
     def provider_options(self, spec: RunSpec) -> dict[str, str]:
@@ -148,6 +206,16 @@ class LocalProvider(TerraformProvider):
             f"subnet {subnet_for(spec)}" + (" (network.subnet auto: from the cluster name)"
                                            if spec.network.subnet == "auto" else ""),
             f"base image {image.rootfs(recipe)}: {built}"]
+        for role in ROLES:
+            if not spec.count(role):
+                continue
+            if spec.nodes[role].image == baked.BASE:
+                planned.creates.append(f"{role} nodes: the bare base image (configure installs everything)")
+            elif found := self.image_for(spec, role):
+                planned.creates.append(f"{role} nodes: baked image {Path(found['dir']).name} (configure only checks)")
+            else:
+                planned.creates.append(f"{role} nodes: baked image {baked.local_inputs(spec).full_name}: not built "
+                                       "yet: up bakes it first on one builder node")
         return planned
 
     def describe_change(self, after: dict) -> str:

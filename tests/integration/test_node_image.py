@@ -1,0 +1,104 @@
+"""The baked node image (tfcluster.baked) on the local provider, for real: the session's image (tests/conftest.py
+node_image, baked by the same roles on one builder node) holds what the image roles install and no per-node
+state; a cluster made from it mounts it read-only, its image roles change nothing, and it trains."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import needs_root
+from tests.integration.helpers import force_down, leftovers, make, node_input, ssh
+from tfcluster import baked
+from tfcluster.config import resolve
+from tfcluster.paths import ClusterState
+from tfcluster.providers.base import Node
+from tfcluster.providers.local import LocalProvider
+
+pytestmark = [pytest.mark.integration, needs_root()]
+CLUSTER = "tfcimg-imaged"
+SUBNET = "10.231.248.0/24"   # outside the other tests' networks (the image builder uses 10.231.249.0/24)
+
+
+def listing(layer: Path) -> str:
+    """A digest of a layer's every path, size and mode: an image in use must not change."""
+    digest = hashlib.sha256()
+    for p in sorted(layer.rglob("*")):
+        st = p.lstat()
+        digest.update(f"{p.relative_to(layer)} {st.st_size} {st.st_mode:o}\n".encode())
+    return digest.hexdigest()
+
+
+def test_the_image_matches_the_configuration_and_holds_no_per_node_state(node_image):
+    assert node_image["key"] == baked.local_inputs(resolve({}, {})).key
+    layer = Path(node_image["dir"]) / "layer"
+    meta = json.loads((Path(node_image["dir"]) / "image.json").read_text())
+    assert meta["kind"] == baked.KIND and meta["key"] == node_image["key"]
+    # what the image roles installed is in it
+    for path in ("opt/tfcluster/venv/bin/python", "usr/sbin/nft", "usr/lib/python3.11/ensurepip"):
+        assert (layer / path).exists(), path
+    # and nothing that belongs to one node
+    per_node = [p.relative_to(layer).as_posix() for p in layer.rglob("*")
+                if re.search(r"(^etc/ssh/.*(host.*key|sshd_config)|/\.ssh(/|$)|^etc/(hostname|hosts|machine-id)$|"
+                             r"^var/lib/tfcluster/.|^var/log/.|^tmp/.|\.ansible(/|$)|tfcluster-proxy)",
+                             p.relative_to(layer).as_posix())]
+    assert per_node == [], per_node
+
+
+@pytest.fixture(scope="module")
+def imaged(tmp_path_factory, node_image):
+    home = tmp_path_factory.mktemp("imaged") / "state"
+    home.mkdir()
+    config = home.parent / "cluster.yml"
+    config.write_text(f"network: {{subnet: {SUBNET}}}\n")
+    layer = Path(node_image["dir"]) / "layer"
+    before = listing(layer)
+    started = time.monotonic()
+    res = make("up", home, CLUSTER=CLUSTER, WORKERS="1", CONFIG=str(config), timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "baking image" not in res.stdout     # the session's image is there: up does not bake again
+    print(f"up on the image: {time.monotonic() - started:.1f}s")
+    yield home, config, layer
+    force_down(home, CLUSTER)
+    assert leftovers(home, CLUSTER) == []
+    assert listing(layer) == before    # the image in use was never altered
+
+
+def test_nodes_mount_the_image_and_its_roles_change_nothing(imaged):
+    home, _, layer = imaged
+    nodes = json.loads((home / CLUSTER / "nodes.json").read_text())
+    for n in nodes:
+        assert node_input(home, CLUSTER, n["name"])["image_layer"] == str(layer)
+        out = ssh(home, CLUSTER, n["private_ip"], "/opt/tfcluster/venv/bin/python -c 'import sys; print(sys.prefix)'"
+                  "; hostname; cat /etc/ssh/tfcluster_host_ed25519_key.pub", as_root=True)
+        assert out.returncode == 0, out.stderr
+        prefix, hostname, key = out.stdout.splitlines()
+        assert prefix == "/opt/tfcluster/venv" and hostname == n["name"] and key.endswith(n["name"])
+    # the image roles, as configure and the builder run them (the wheelhouse served on the bridge)
+    spec = resolve({"network": {"subnet": SUBNET}}, {"cluster": CLUSTER, "nodes.worker.count": 1})
+    state = ClusterState(CLUSTER, root=home)
+    started = time.monotonic()
+    recap = baked.apply_roles(spec, state, [Node.from_dict(n) for n in nodes],
+                              LocalProvider(state).wheelhouse_host(spec), log=print)
+    changed = {host: r["changed"] for host, r in recap.items() if host != "localhost"}
+    assert changed == {n["name"]: 0 for n in nodes}, recap
+    print(f"image roles on 3 imaged nodes: {time.monotonic() - started:.1f}s, changed {changed}")
+
+
+def test_training_works_on_an_imaged_cluster(imaged, tmp_path):
+    home, config, _ = imaged
+    started = time.monotonic()
+    res = make("train", home, CLUSTER=CLUSTER, WORKERS="1", CONFIG=str(config), STEPS="60",
+               env={"TFCLUSTER_ARTIFACTS": str(tmp_path)}, timeout=900)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
+    configure = re.search(r"configure 3 nodes .*: done in ([\d.]+)s", res.stdout)
+    assert configure, res.stdout[-3000:]
+    print(f"train on the image: {time.monotonic() - started:.1f}s (configure {configure.group(1)}s)")
+    assert "model verified" in res.stdout
+    run = json.loads((home / CLUSTER / "run.json").read_text())
+    assert run["state"] == "verified", run

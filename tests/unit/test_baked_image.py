@@ -1,0 +1,144 @@
+"""The baked image's content key (tfcluster.baked): what changes it and what does not; its per-node scrub."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+from tfcluster import baked
+from tfcluster.config import resolve
+from tfcluster.errors import EXIT_USAGE
+from tfcluster.paths import ClusterState
+from tfcluster.providers.local import LocalProvider
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the roles and of the image playbook to edit."""
+    shutil.copytree(REPO / "roles", tmp_path / "roles")
+    (tmp_path / "playbooks").mkdir()
+    shutil.copy(REPO / "playbooks" / baked.PLAYBOOK, tmp_path / "playbooks")
+    return tmp_path / "roles", tmp_path / "playbooks" / baked.PLAYBOOK
+
+
+def key(tree, overrides: dict | None = None, base: str = "b1", gpus: int = 0) -> str:
+    roles, playbook = tree
+    return baked.inputs_for(resolve({}, overrides or {}), gpus, base, roles_dir=roles, playbook=playbook).key
+
+
+def test_the_key_is_stable_and_ignores_what_the_image_does_not_hold(tree):
+    first = key(tree)
+    assert key(tree) == first
+    # per-node and per-run values, and the per-node role, are not in the image
+    assert key(tree, {"training.steps": 7, "nodes.worker.count": 5, "cluster": "other", "strategy":
+                      "multi_worker_mirrored"}) == first
+    (tree[0] / "tf_node" / "defaults" / "main.yml").write_text("# changed\n")
+    assert key(tree) == first
+    # a lock of another release is not this image's
+    other = tree[0] / "tensorflow" / "files" / "locks" / "tensorflow-cpu-2.20.0.txt"
+    other.write_text(other.read_text() + "# changed\n")
+    assert key(tree) == first
+
+
+@pytest.mark.parametrize("role_file", ["common/tasks/main.yml", "common/defaults/main.yml",
+                                       "gpu_driver/vars/Debian.yml", "tensorflow/vars/main.yml",
+                                       "tensorflow/tasks/preflight.yml"])
+def test_a_changed_role_file_makes_a_new_key(tree, role_file):
+    first = key(tree)
+    path = tree[0] / role_file
+    path.write_text(path.read_text() + "\n# changed\n")
+    assert key(tree) != first
+
+
+def test_a_new_role_file_and_a_changed_playbook_make_a_new_key(tree):
+    first = key(tree)
+    (tree[0] / "common" / "templates").mkdir()
+    (tree[0] / "common" / "templates" / "x.j2").write_text("x\n")
+    second = key(tree)
+    assert second != first
+    tree[1].write_text(tree[1].read_text() + "\n# changed\n")
+    assert key(tree) not in (first, second)
+
+
+def test_the_image_lock_the_version_the_gpus_and_the_base_change_the_key(tree):
+    first = key(tree)
+    lock = tree[0] / "tensorflow" / "files" / "locks" / "tensorflow-cpu-2.21.0.txt"
+    lock.write_text(lock.read_text() + "# changed\n")
+    after_lock = key(tree)
+    assert after_lock != first
+    keys = {after_lock, key(tree, {"tensorflow.version": "2.20.0"}), key(tree, gpus=1), key(tree, base="b2")}
+    assert len(keys) == 4
+
+
+def test_the_default_inputs_name_the_image_by_version():
+    inputs = baked.local_inputs(resolve({}, {}))
+    assert inputs.full_name == f"tf-{inputs.tensorflow_version}-cpu-{inputs.key}"
+    assert len(inputs.key) == 12
+
+
+def test_scrub_removes_per_node_state_and_keeps_the_rest(tmp_path: Path):
+    root = tmp_path / "layer"
+    files = ["etc/ssh/tfcluster_host_ed25519_key", "etc/ssh/tfcluster_host_ed25519_key.pub",
+             "etc/ssh/ssh_host_rsa_key", "etc/ssh/tfcluster_sshd_config", "home/debian/.ssh/authorized_keys",
+             "etc/hostname", "etc/hosts", "etc/machine-id", "etc/apt/apt.conf.d/01tfcluster-proxy",
+             "var/log/apt/history.log", "var/log/dpkg.log", "var/lib/tfcluster/run.json", "tmp/x",
+             "root/.ansible/tmp/y", "var/cache/apt/archives/a.deb"]
+    kept = ["opt/tfcluster/venv/bin/python", "etc/ssh/ssh_config", "usr/sbin/nft", "var/lib/dpkg/status",
+            "var/lib/apt/lists/deb.debian.org_x"]
+    for rel in files + kept:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x")
+    removed = baked.scrub(root)
+    assert not [f for f in files if (root / f).exists()]
+    assert all((root / k).exists() for k in kept)
+    assert (root / "var" / "lib" / "tfcluster").is_dir()
+    assert "etc/hostname" in removed
+
+
+# -- which image a local cluster's nodes mount ----------------------------------------------------------------
+def _fake_image(images: Path, name: str, key: str, built: float) -> Path:
+    d = images / name
+    (d / "layer").mkdir(parents=True)
+    (d / "image.json").write_text(json.dumps({"kind": baked.KIND, "name": name, "key": key, "built": built}))
+    return d
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.setenv("TFCLUSTER_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "_images"
+
+
+def test_up_mounts_the_newest_image_of_the_matching_key(cache, tmp_path):
+    spec = resolve({}, {"cluster": "tfcimg-pick"})
+    provider = LocalProvider(ClusterState(spec.cluster, root=tmp_path / "state"))
+    assert provider.layers(spec) == {"ps": "", "worker": "", "chief": ""}   # none built: the bare base image
+    key_now = baked.local_inputs(spec).key
+    _fake_image(cache, f"tf-2.21.0-cpu-{key_now}", key_now, built=100)
+    newest = _fake_image(cache, "tf-2.21.0-cpu-rebuilt", key_now, built=200)
+    _fake_image(cache, "tf-2.21.0-cpu-0123456789ab", "0123456789ab", built=300)   # newer, another key
+    assert provider.layers(spec) == {r: str(newest / "layer") for r in ("ps", "worker", "chief")}
+    # 'base' keeps a role on the bare base image; a built image's name selects it, whatever its key
+    chosen = resolve({}, {"cluster": "tfcimg-pick", "nodes.ps.image": "base",
+                          "nodes.worker.image": "tf-2.21.0-cpu-0123456789ab"})
+    assert provider.layers(chosen) == {"ps": "", "worker": str(cache / "tf-2.21.0-cpu-0123456789ab" / "layer"),
+                                       "chief": str(newest / "layer")}
+
+
+def test_a_bad_image_value_is_refused_naming_the_field_and_what_is_allowed(cache, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    _fake_image(cache, "tf-2.21.0-cpu-0123456789ab", "0123456789ab", built=1)
+    for command in ("up", "plan"):
+        res = run_cli(command, "--cluster", "tfcimg-bad", "--set", "nodes.worker.image=tf-9", home=home,
+                      env={"TFCLUSTER_CACHE": str(cache.parent)})
+        assert res.returncode == EXIT_USAGE, res.stdout + res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+        for part in ("nodes.worker.image", "tf-9", "'base'", "tf-2.21.0-cpu-0123456789ab"):
+            assert part in lines[0], lines[0]
+    assert list(home.iterdir()) == []   # nothing created
