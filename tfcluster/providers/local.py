@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,9 +12,10 @@ import zlib
 from urllib.parse import urlsplit
 
 from pydantic import Field
+from tfc_harness import strategies
 
 from .. import aptproxy, cgroup, image, localnode, store
-from ..config import Checked, RunSpec, whole_number_check
+from ..config import ROLES, Checked, RunSpec, whole_number_check
 from ..errors import ConfigError
 from ..paths import ClusterState, cache_root
 from ..tfsupport import DefaultImage
@@ -42,6 +44,7 @@ def _routes() -> list[tuple[str, str]]:
     return routes
 
 
+_THREADS_ALLOWED = "a whole number from 0 (TensorFlow's defaults) to 256 (unset: this node's share of the cores)"
 _MEMORY_ALLOWED = f"a whole number of MiB from {cgroup.MIN_MB} to {cgroup.MAX_MB} (unset: no limit)"
 
 
@@ -54,6 +57,17 @@ class LocalOptions(ProviderOptions):
                           "memory cgroup with this limit and no swap, and one that allocates beyond it is "
                           "OOM-killed while the node lives on; fixed when the nodes are made (default: unset, no "
                           "limit; needs cgroup v1 or v2 with the memory controller)")
+
+    task_threads: Checked(whole_number_check(0, 256, _THREADS_ALLOWED)) | None = Field(
+        None, description="threads in each TensorFlow pool (intra-op and inter-op) of a node's task; the nodes "
+                          "share this machine's cores, so by default (unset) each task gets its share: the "
+                          "machine's cores divided among the tasks that train (ps and an idle chief not "
+                          "counted), at least 1; 0: TensorFlow's defaults (one thread per core, in every task)")
+
+
+def share_of_cores(cores: int, training_tasks: int) -> int:
+    """One training task's share of ``cores`` cores: at least 1 thread."""
+    return max(1, cores // max(1, training_tasks))
 
 
 @register
@@ -112,6 +126,14 @@ class LocalProvider(TerraformProvider):
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return set()
 
+    def task_threads(self, spec: RunSpec) -> dict:
+        """Local nodes share this machine's cores: each task's pools get its share (see LocalOptions)."""
+        asked = self.options_for(spec).task_threads
+        if asked is None:
+            tasks = strategies.training_task_count(spec.strategy, {r: spec.count(r) for r in ROLES})
+            asked = share_of_cores(os.cpu_count() or 1, tasks)
+        return {"intra_op": int(asked), "inter_op": int(asked)} if int(asked) else {}
+
     def up(self, spec: RunSpec, public_key: str) -> list[Node]:
         from ..cluster import say
 
@@ -119,8 +141,9 @@ class LocalProvider(TerraformProvider):
         return super().up(spec, public_key)
 
     def provider_options(self, spec: RunSpec) -> dict[str, str]:
-        """The module's options: tfcluster's own, and the user's (node_memory_mb) when given."""
-        return self.options_for(spec).model_dump(exclude_none=True) | {
+        """The module's options: tfcluster's own, and the user's (node_memory_mb) when given (task_threads is
+        the tasks' own, passed when they start: :meth:`task_threads`)."""
+        return self.options_for(spec).model_dump(exclude_none=True, exclude={"task_threads"}) | {
             "python": sys.executable,
             "state_dir": str(self.state.dir),
             "subnet": subnet_for(spec),
