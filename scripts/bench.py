@@ -223,7 +223,8 @@ def train_model(base: list[str], cluster: str, model: str, steps: int, threads: 
     times: dict[str, float] = {}
     load_before = load()
     out = run_phase("train", ["train", "--skip-configure", *base, "--steps", str(steps),
-                              "--set", f"training.model={model}", *THREAD_SETS[threads]], times)
+                              "--set", f"training.model={model}", "--set", "training.max_restarts=0",
+                              *THREAD_SETS[threads]], times)
     run = json.loads((home() / cluster / "run.json").read_text())
     metrics = run.get("metrics", {})
     tasks = re.search(r"==> training: done in ([0-9.]+)s", out)

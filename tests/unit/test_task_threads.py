@@ -27,11 +27,12 @@ def test_local_default_is_the_share_of_the_training_tasks(monkeypatch):
     assert _threads(monkeypatch, cores=8) == {"intra_op": 4, "inter_op": 4}          # 2 workers train (ps)
     assert _threads(monkeypatch, cores=8, strategy="multi_worker_mirrored",
                     **{"nodes.ps.count": 0}) == {"intra_op": 2, "inter_op": 2}      # chief + 2 workers
-    assert _threads(monkeypatch, cores=2) == {"intra_op": 1, "inter_op": 1}
+    assert _threads(monkeypatch, cores=2) == {"intra_op": 1, "inter_op": 2}          # inter-op: never 1
 
 
 def test_the_user_overrides_it_or_asks_for_tensorflows_defaults(monkeypatch):
     assert _threads(monkeypatch, provider_options={"task_threads": "3"}) == {"intra_op": 3, "inter_op": 3}
+    assert _threads(monkeypatch, provider_options={"task_threads": "1"}) == {"intra_op": 1, "inter_op": 2}
     assert _threads(monkeypatch, provider_options={"task_threads": "0"}) == {}
     with pytest.raises(ConfigError, match="task_threads: got 'many'"):
         _threads(monkeypatch, provider_options={"task_threads": "many"})

@@ -59,10 +59,16 @@ class LocalOptions(ProviderOptions):
                           "limit; needs cgroup v1 or v2 with the memory controller)")
 
     task_threads: Checked(whole_number_check(0, 256, _THREADS_ALLOWED)) | None = Field(
-        None, description="threads in each TensorFlow pool (intra-op and inter-op) of a node's task; the nodes "
-                          "share this machine's cores, so by default (unset) each task gets its share: the "
-                          "machine's cores divided among the tasks that train (ps and an idle chief not "
-                          "counted), at least 1; 0: TensorFlow's defaults (one thread per core, in every task)")
+        None, description="threads in the TensorFlow pools of a node's task (intra-op; inter-op the same but at "
+                          "least 2: one deadlocks the parameter-server strategy); the nodes share this machine's "
+                          "cores, so by default (unset) each task gets its share: the machine's cores divided "
+                          "among the tasks that train (ps and a coordinating chief not counted), at least 1; 0: "
+                          "TensorFlow's defaults (one thread per core, in every task)")
+
+
+#: an inter-op pool of one thread deadlocks ParameterServerStrategy (seen: the chief made no step in 90 s, each
+#: worker's one thread held by a step function waiting on another op), so inter-op keeps at least this many
+MIN_INTER_OP = 2
 
 
 def share_of_cores(cores: int, training_tasks: int) -> int:
@@ -132,7 +138,8 @@ class LocalProvider(TerraformProvider):
         if asked is None:
             tasks = strategies.training_task_count(spec.strategy, {r: spec.count(r) for r in ROLES})
             asked = share_of_cores(os.cpu_count() or 1, tasks)
-        return {"intra_op": int(asked), "inter_op": int(asked)} if int(asked) else {}
+        n = int(asked)
+        return {"intra_op": n, "inter_op": max(MIN_INTER_OP, n)} if n else {}
 
     def up(self, spec: RunSpec, public_key: str) -> list[Node]:
         from ..cluster import say
