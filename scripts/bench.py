@@ -379,12 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         report["plain"] = {m: run_plain(m, steps_for(m, args.steps), report["batch_size"], report["learning_rate"])
                            for m in args.models}
         report["rows"] = rows(report)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
     if args.scale:
+        out.write_text(json.dumps(report, indent=2) + "\n")   # the figures so far, should the scale phase fail
         report["scale"] = bench_scale(args.cluster, args.sets)
     report["load_end"] = load()
     print_report(report)
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"figures written to {out}")
     return 0
