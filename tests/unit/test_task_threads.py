@@ -3,6 +3,7 @@ cloud providers keep TensorFlow's defaults."""
 
 from __future__ import annotations
 
+import jinja2
 import pytest
 
 from tfcluster.config import resolve
@@ -44,7 +45,31 @@ def test_it_is_not_a_terraform_input(monkeypatch):
     assert "task_threads" not in get_provider("local", ClusterState("tfcbn-unit")).provider_options(spec)
 
 
-def test_cloud_providers_keep_tensorflows_defaults():
-    from tfcluster.providers.base import Provider
+def test_cloud_providers_keep_tensorflows_defaults(tmp_path):
+    from tests.unit.test_cloud_defaults import cloud_spec
+    from tfcluster.providers.base import REGISTRY
 
-    assert Provider.task_threads(object(), None) == {}
+    for name in ("aws", "gcp", "openstack"):
+        assert REGISTRY[name](ClusterState("x", root=tmp_path)).task_threads(cloud_spec(name)) == {}
+
+
+def test_the_start_task_puts_them_in_the_nodes_settings_or_null():
+    """tf_node's entry script gets ``threads``: the controller's sizes, or null (TensorFlow's defaults)."""
+    import yaml
+    from ansible.plugins.filter.core import combine
+
+    from tests.conftest import REPO
+
+    tasks = yaml.safe_load((REPO / "roles" / "tf_node" / "tasks" / "start.yml").read_text())
+    (render,) = [t for t in tasks if t["name"] == "Render the node's entry script"]
+    expr = render["vars"]["tf_node_settings"].strip().removeprefix("{{").removesuffix("}}")
+    env = jinja2.Environment()
+    env.filters["combine"] = combine
+    run, task = {"run_id": "r", "steps": 3}, {"role": "worker"}
+    settings = env.compile_expression(expr)
+    assert settings(tf_node_run=run, _tf_node_task=task, tf_node_threads={}) == dict(run, **task, threads=None)
+    threads = {"intra_op": 1, "inter_op": 2}
+    assert settings(tf_node_run=run, _tf_node_task=task, tf_node_threads=threads) == dict(run, **task,
+                                                                                          threads=threads)
+    defaults = yaml.safe_load((REPO / "roles/tf_node/defaults/main.yml").read_text())
+    assert defaults["tf_node_threads"] == {}
