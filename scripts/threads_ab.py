@@ -24,7 +24,6 @@ import json, sys, time
 sys.path.insert(0, {train!r})
 from tfc_harness import threads
 threads.apply({threads!r})
-sys.argv = ["bench", "--plain-process", {model!r}, "--steps", "{steps}"]
 sys.path.insert(0, {scripts!r})
 import bench
 print(json.dumps(bench.plain_process({model!r}, {steps}, 64, 0.005)))
