@@ -19,6 +19,10 @@ PORT ?=
 VENV ?= .venv
 PYTEST_ARGS ?=
 STRATEGIES ?=
+MODELS ?=
+THREADS ?=
+SCALE ?=
+BENCH_ARGS ?=
 
 TFCLUSTER = $(VENV)/bin/tfcluster
 CONFIG_ARGS = $(if $(CONFIG),--config $(CONFIG)) $(if $(CLUSTER),--cluster $(CLUSTER)) \
@@ -112,8 +116,10 @@ clean: $(BOOTSTRAP) ## Stop the local S3 store (its objects go with it); refused
 	$(TFCLUSTER) store stop $(if $(FORCE),--force)
 
 .PHONY: bench
-bench: $(BOOTSTRAP) ## Benchmark each strategy: phase times, cluster vs one plain process examples/s (figures, JSON)
-	$(VENV)/bin/python scripts/bench.py $(if $(STEPS),--steps $(STEPS)) $(if $(STRATEGIES),--strategies $(STRATEGIES))
+bench: $(BOOTSTRAP) ## Benchmark models x strategies vs one plain process: ex/s, ratio, coordination ms/step, peak memory, phases (SCALE=1: configure 4 and 12 nodes)
+	$(VENV)/bin/python scripts/bench.py $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(STEPS),--steps $(STEPS)) \
+		$(if $(STRATEGIES),--strategies $(STRATEGIES)) $(if $(MODELS),--models $(MODELS)) \
+		$(if $(THREADS),--threads $(THREADS)) $(if $(SCALE),--scale) $(BENCH_ARGS)
 
 .PHONY: reliability
 reliability: $(BOOTSTRAP) ## Fault scenarios on a local cluster, with a report of each outcome and its time

@@ -1,10 +1,27 @@
-"""`make bench`: for each strategy, the phase times of one local run and its training throughput against one
-plain TensorFlow process training the same model, all from one invocation.
+"""`make bench`: for each model and strategy, the cluster's training throughput against one plain TensorFlow
+process training the same model on this machine, the per-step coordination cost, each task's peak memory and
+the phase times of the runs, all from one invocation; optionally (``--scale``) the configure time of a
+4-node and a 12-node cluster, each configured twice.
 
 Prints figures only (nothing here asserts a speed) and writes the same figures to a JSON file it names.
-Each strategy gets its own cluster (default names tfc-bench-ps and tfc-bench-mwms; the strategies need
-different nodes), torn down after its run, also when a phase fails.  The model, steps, batch size and
-learning rate are the same for every strategy and for the plain process.
+Each strategy gets its own local cluster (``<prefix>-ps``, ``<prefix>-mwms``: the strategies need different
+nodes): up, configure, one ``train`` per model (and per thread setting with ``--threads compare``), down;
+torn down also when a phase fails.  The steps, batch size and learning rate of a model are the same for
+every strategy and for the plain process.
+
+Figures (README, "Benchmark", says the same):
+- cluster examples/s: the chief's ``examples_per_sec`` (examples of every training task over the training
+  loop's wall time, first tracing and checkpoint saves included: the loop as a user gets it).
+- plain examples/s: the same model module, batch size and optimizer in one fresh Python process with
+  TensorFlow's defaults and no environment variable set, a plain ``tf.function`` step, timed after
+  :data:`WARMUP_STEPS` warm-up steps.
+- ratio: cluster / plain.  Local nodes share this machine's cores, so the plain process's rate is what the
+  same cores do without distribution: ratio 1 means distribution costs nothing.
+- coordination ms per step: ``1000 * (batch / cluster - batch / plain)``, the extra wall time the machine
+  spends on each step of ``batch`` examples compared with the plain process (all that distribution adds:
+  RPCs, dispatch, variable transfers, all-reduce, checkpoints, sharing the cores between tasks).
+- peak memory: each task's peak resident set (VmHWM, ``ru_maxrss``) as its last status.json reports it
+  (fetched with the logs; a serving task refreshes it every 5 s).
 """
 
 from __future__ import annotations
@@ -19,15 +36,160 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "train"))
+MODELS_DIR = REPO / "train" / "models"
 
 #: strategy -> (short name for its cluster, its nodes)
 SHAPES = {
     "parameter_server": ("ps", {"ps": 1, "worker": 2}),
     "multi_worker_mirrored": ("mwms", {"ps": 0, "worker": 2}),
 }
+#: model -> training steps (enough for a rate: the heavier model's steps take ~40x longer)
+MODELS = {"digits": 600, "shapes32": 150}
+#: --threads: share = the local provider's default (each node's share of the cores); tensorflow = its defaults
+#: (provider_options.task_threads=0); compare = both, one train each
+THREADS = ("share", "tensorflow", "compare")
+THREAD_SETS = {"share": [], "tensorflow": ["--set", "provider_options.task_threads=0"]}
+#: --scale: node counts whose configure is timed (ps 1, chief 1, the rest workers)
+SCALE_NODES = (4, 12)
+WARMUP_STEPS = 20
 
 
+class BenchArgsError(ValueError):
+    """A bad command line: the message names the option and what is allowed."""
+
+
+def _names(value: str, allowed, option: str, what: str) -> list[str]:
+    names = [n for n in value.split(",") if n]
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        raise BenchArgsError(f"{option} {','.join(unknown) or '(empty)'}: not a {what}; allowed are "
+                             f"{', '.join(allowed)}")
+    return list(dict.fromkeys(names))
+
+
+def available_models() -> list[str]:
+    """The bench's models, then any other module in train/models/."""
+    others = sorted(p.stem for p in MODELS_DIR.glob("*.py") if p.stem not in MODELS and not p.stem.startswith("_"))
+    return [*MODELS, *others]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; raises :class:`BenchArgsError` for a bad value (exit 2 in :func:`main`)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cluster", default="tfc-bench", help="prefix of the clusters' names")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps for every model (default: " +
+                        ", ".join(f"{m} {s}" for m, s in MODELS.items()) + ")")
+    p.add_argument("--strategies", default=",".join(SHAPES),
+                   help=f"comma-separated, of: {', '.join(SHAPES)} (default: all)")
+    p.add_argument("--models", default=",".join(MODELS),
+                   help="comma-separated model modules of train/models/ (default: " + ",".join(MODELS) + ")")
+    p.add_argument("--threads", default="share", choices=THREADS,
+                   help="each task's TensorFlow thread pools: share (the local nodes' default: their share of "
+                        "the cores), tensorflow (its defaults), compare (train each model with both)")
+    p.add_argument("--scale", action="store_true",
+                   help=f"also time configure (twice) on clusters of {' and '.join(map(str, SCALE_NODES))} nodes")
+    p.add_argument("--no-train", action="store_true", help="skip the model x strategy runs (with --scale)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="passed to every tfcluster command (e.g. network.subnet=10.231.234.0/24)")
+    p.add_argument("--json", default=str(REPO / "artifacts" / "bench.json"), help="where to write the figures")
+    p.add_argument("--plain-process", metavar="MODEL", help=argparse.SUPPRESS)   # internal: one plain run
+    p.add_argument("--batch-size", type=int, default=64, help=argparse.SUPPRESS)
+    p.add_argument("--learning-rate", type=float, default=0.005, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.plain_process:
+        return args
+    args.strategies = _names(args.strategies, list(SHAPES), "--strategies", "strategy")
+    args.models = _names(args.models, available_models(), "--models", "model module of train/models/")
+    if args.steps is not None and args.steps < 1:
+        raise BenchArgsError(f"--steps {args.steps}: must be at least 1")
+    if args.no_train and not args.scale:
+        raise BenchArgsError("--no-train leaves nothing to measure without --scale")
+    for item in args.sets:
+        if "=" not in item:
+            raise BenchArgsError(f"--set {item}: KEY=VALUE")
+    return args
+
+
+def steps_for(model: str, steps: int | None) -> int:
+    return steps if steps is not None else MODELS.get(model, 300)
+
+
+def thread_modes(threads: str) -> list[str]:
+    return ["share", "tensorflow"] if threads == "compare" else [threads]
+
+
+def compare(cluster_eps: float | None, plain_eps: float | None, batch_size: int) -> dict:
+    """The ratio and the coordination cost per step (module docstring) of a cluster rate against the plain one."""
+    if not cluster_eps or not plain_eps:
+        return {"ratio": None, "coordination_ms_per_step": None}
+    return {"ratio": round(cluster_eps / plain_eps, 3),
+            "coordination_ms_per_step": round(1000.0 * (batch_size / cluster_eps - batch_size / plain_eps), 2)}
+
+
+def scale_figures(configure_s: dict[int, list[float]]) -> dict:
+    """From ``{nodes: [first configure s, second configure s]}``: the ratio of the largest to the smallest
+    cluster's first configure, and each second configure as % of its first."""
+    small, large = min(configure_s), max(configure_s)
+    out = {"configure_s": {str(n): t for n, t in configure_s.items()},
+           f"configure_{large}_over_{small}": round(configure_s[large][0] / configure_s[small][0], 2)
+           if configure_s[small][0] else None}
+    for n, (first, second) in configure_s.items():
+        out[f"second_configure_pct_{n}"] = round(100.0 * second / first, 1) if first else None
+    return out
+
+
+def load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+# -- one plain process --------------------------------------------------------------------------------------
+def plain_process(model_name: str, steps: int, batch_size: int, learning_rate: float) -> dict:
+    """Run in a fresh process (``--plain-process``): the module's model, loss and optimizer in a plain loop."""
+    sys.path.insert(0, str(REPO / "train"))
+    import tensorflow as tf
+    from tfc_harness import status, usermodel
+
+    module = usermodel.load(model_name)
+    x, y = module.make_dataset()["train"]
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).repeat().batch(batch_size).prefetch(2)
+    model = usermodel.build_model(module, x.shape[1:])
+    optimizer = usermodel.make_optimizer(module, learning_rate)
+    loss_fn = usermodel.loss_fn(module)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
+                                      strict=True))
+        return loss
+
+    it = iter(ds)
+    for _ in range(WARMUP_STEPS):  # tracing
+        step(*next(it))
+    start = time.monotonic()
+    for _ in range(steps):
+        loss = step(*next(it))
+    float(loss)
+    seconds = time.monotonic() - start
+    return {"model": model_name, "steps": steps, "batch_size": batch_size, "seconds": round(seconds, 3),
+            "examples_per_sec": round(steps * batch_size / seconds, 1),
+            "step_ms": round(1000.0 * seconds / steps, 2), "peak_rss_mb": status.peak_rss_mb(),
+            "threads": "TensorFlow's defaults", "cores": os.cpu_count(), "load": load()}
+
+
+def run_plain(model: str, steps: int, batch_size: int, learning_rate: float) -> dict:
+    """:func:`plain_process` in a child with this environment as it is (no TensorFlow variable added)."""
+    res = subprocess.run([sys.executable, __file__, "--plain-process", model, "--steps", str(steps),
+                          "--batch-size", str(batch_size), "--learning-rate", str(learning_rate)],
+                         cwd=REPO, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"bench: the plain process for {model} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+# -- clusters ------------------------------------------------------------------------------------------------
 def run_phase(name: str, args: list[str], times: dict) -> str:
     start = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "tfcluster", *args], cwd=REPO, capture_output=True, text=True)
@@ -37,117 +199,194 @@ def run_phase(name: str, args: list[str], times: dict) -> str:
     return res.stdout
 
 
-def single_process_examples_per_sec(steps: int, batch_size: int, learning_rate: float) -> float:
-    """The same model and batch size in one plain TensorFlow process on this machine, with TensorFlow's
-    default kernels (the strongest baseline; only the logs are quieted)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
-    import tensorflow as tf
-    from models import digits
-
-    x, y = digits.make_dataset()["train"]
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).repeat().batch(batch_size).prefetch(2)
-    model = digits.build_model()
-    opt = keras.optimizers.Adam(learning_rate)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
-                                strict=True))
-        return loss
-
-    it = iter(ds)
-    for _ in range(20):  # warm-up: tracing
-        step(*next(it))
-    start = time.monotonic()
-    for _ in range(steps):
-        loss = step(*next(it))
-    float(loss)
-    return steps * batch_size / (time.monotonic() - start)
+def home() -> Path:
+    return Path(os.environ.get("TFCLUSTER_HOME", REPO / ".tfcluster"))
 
 
-def bench_strategy(strategy: str, cluster: str, steps: int) -> dict:
-    """up, configure, train, down on a cluster of the strategy's shape; the phase times and the run's figures."""
-    nodes = SHAPES[strategy][1]
-    base = ["--cluster", cluster, "--steps", str(steps), "--set", f"strategy={strategy}",
-            "--ps", str(nodes["ps"]), "--workers", str(nodes["worker"])]
+def task_figures(cluster: str, run_id: str) -> dict:
+    """Per node, from the logs fetched after the run: peak memory (status.json) and the thread line."""
+    out = {}
+    for node_dir in sorted((home() / cluster / "logs" / run_id).glob("*/")):
+        try:
+            doc = json.loads((node_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            doc = {}
+        try:
+            threads = re.search(r"^threads: (.*)$", (node_dir / "node.log").read_text(), re.M)
+        except OSError:
+            threads = None
+        out[node_dir.name] = {"peak_rss_mb": doc.get("peak_rss_mb"), "threads": threads and threads.group(1)}
+    return out
+
+
+def train_model(base: list[str], cluster: str, model: str, steps: int, threads: str) -> dict:
     times: dict[str, float] = {}
-    try:
-        run_phase("up", ["up", *base], times)
-        run_phase("configure", ["configure", *base], times)
-        out = run_phase("train", ["train", "--skip-configure", *base], times)
-    finally:
-        run_phase("down", ["down", "--force", *base], times)
-    home = Path(os.environ.get("TFCLUSTER_HOME", REPO / ".tfcluster"))
-    run = json.loads((home / cluster / "run.json").read_text())
+    load_before = load()
+    out = run_phase("train", ["train", "--skip-configure", *base, "--steps", str(steps),
+                              "--set", f"training.model={model}", "--set", "training.max_restarts=0",
+                              *THREAD_SETS[threads]], times)
+    run = json.loads((home() / cluster / "run.json").read_text())
     metrics = run.get("metrics", {})
     tasks = re.search(r"==> training: done in ([0-9.]+)s", out)
     verify = re.search(r"==> verify the model .*: done in ([0-9.]+)s", out)
     acc = re.search(r"^test accuracy: ([0-9.]+)$", out, re.M)
     return {
-        "strategy": strategy, "cluster": cluster, "nodes": dict(nodes, chief=1),
-        "training_tasks": metrics.get("workers"), "steps": steps,
+        "model": model, "threads": threads, "steps": steps, "run_id": run.get("run_id"),
+        "training_tasks": metrics.get("workers"), "load_before": load_before, "load_after": load(),
         "phases_s": dict(times, tasks_started_to_chief_exit=float(tasks.group(1)) if tasks else None,
                          training_loop=metrics.get("train_seconds"), publish=run.get("publish_seconds"),
                          verify=float(verify.group(1)) if verify else None),
         "examples_per_sec": float(metrics.get("examples_per_sec", 0.0)),
         "test_accuracy": float(acc.group(1)) if acc else None,
+        "tasks": task_figures(cluster, run.get("run_id", "")),
     }
 
 
-def print_report(results: list[dict], single: float, settings: dict) -> None:
-    print(f"model digits, {settings['steps']} steps, batch {settings['batch_size']} per training task, "
-          f"learning rate {settings['learning_rate']}")
-    names = [r["strategy"] for r in results]
-    print(f"  {'':<34} " + " ".join(f"{n:>22}" for n in names))
-
-    def row(label: str, values: list, fmt: str = "{:22.1f}") -> None:
-        print(f"  {label:<34} " + " ".join(fmt.format(v) if v is not None else f"{'-':>22}" for v in values))
-
-    row("nodes (ps + workers + chief)", [f"{r['nodes']['ps']} + {r['nodes']['worker']} + 1" for r in results],
-        "{:>22}")
-    for phase, label in (("up", "up (s)"), ("configure", "configure (s)"), ("train", "train, all of it (s)"),
-                         ("tasks_started_to_chief_exit", "  tasks started to chief exit (s)"),
-                         ("training_loop", "  training loop (s)"), ("publish", "  publish to S3 (s)"),
-                         ("verify", "  verify from S3 (s)"), ("down", "down (s)")):
-        row(label, [r["phases_s"].get(phase) for r in results])
-    row("test accuracy", [r["test_accuracy"] for r in results], "{:22.4f}")
-    row("examples/s on the cluster", [r["examples_per_sec"] for r in results])
-    row("examples/s, one plain process", [single for _ in results])
-    row("ratio cluster / plain process", [r["examples_per_sec"] / single if single else None for r in results],
-        "{:22.2f}")
+def bench_strategy(strategy: str, cluster: str, models: list[str], steps: int | None, threads: list[str],
+                   sets: list[str]) -> dict:
+    """up, configure, a train per model (and thread setting), down, on a cluster of the strategy's shape."""
+    nodes = SHAPES[strategy][1]
+    base = ["--cluster", cluster, "--set", f"strategy={strategy}", "--ps", str(nodes["ps"]),
+            "--workers", str(nodes["worker"]), *(a for s in sets for a in ("--set", s))]
+    times: dict[str, float] = {}
+    trains = []
+    try:
+        run_phase("up", ["up", *base], times)
+        run_phase("configure", ["configure", *base], times)
+        for model in models:
+            for mode in threads:
+                trains.append(train_model(base, cluster, model, steps_for(model, steps), mode))
+    finally:
+        run_phase("down", ["down", "--force", *base], times)
+    return {"strategy": strategy, "cluster": cluster, "nodes": dict(nodes, chief=1), "phases_s": times,
+            "trains": trains}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cluster", default="tfc-bench", help="prefix of the clusters' names")
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--strategies", default=",".join(SHAPES),
-                   help=f"comma-separated, of: {', '.join(SHAPES)} (default: all)")
-    p.add_argument("--json", default=str(REPO / "artifacts" / "bench.json"), help="where to write the figures")
-    args = p.parse_args()
-    strategies = [s for s in args.strategies.split(",") if s]
-    unknown = [s for s in strategies if s not in SHAPES]
-    if unknown or not strategies:
-        print(f"bench: --strategies {','.join(unknown) or '(empty)'}: not a strategy; allowed are "
-              f"{', '.join(SHAPES)}", file=sys.stderr)
+def bench_scale(prefix: str, sets: list[str]) -> dict:
+    """configure twice on a parameter_server cluster of each size in SCALE_NODES (the second: nothing to do)."""
+    configure: dict[int, list[float]] = {}
+    phases = {}
+    for n in SCALE_NODES:
+        cluster = f"{prefix}-s{n}"
+        base = ["--cluster", cluster, "--ps", "1", "--workers", str(n - 2), *(a for s in sets for a in ("--set", s))]
+        times: dict[str, float] = {}
+        try:
+            run_phase("up", ["up", *base], times)
+            run_phase("configure", ["configure", *base], times)
+            first = times["configure"]
+            run_phase("configure", ["configure", *base], times)
+            configure[n] = [first, times["configure"]]
+        finally:
+            run_phase("down", ["down", "--force", *base], times)
+        phases[str(n)] = {"up": times["up"], "configure": configure.get(n), "down": times["down"]}
+    return dict(scale_figures(configure), phases_s=phases, image=image_state())
+
+
+def image_state() -> str:
+    """Whether configure could use a baked node image (``tfcluster image``) in this checkout."""
+    res = subprocess.run([sys.executable, "-m", "tfcluster", "image", "--help"], cwd=REPO, capture_output=True,
+                         text=True)
+    return "tfcluster image exists" if res.returncode == 0 else "without a baked image (no tfcluster image here)"
+
+
+# -- the report ----------------------------------------------------------------------------------------------
+def rows(report: dict) -> list[dict]:
+    """One row per model x strategy x thread setting, with the plain process's figures beside the cluster's."""
+    out = []
+    for run in report["runs"]:
+        for t in run["trains"]:
+            plain = report["plain"][t["model"]]
+            peaks = {node: v["peak_rss_mb"] for node, v in t["tasks"].items()}
+            out.append({"model": t["model"], "strategy": run["strategy"], "threads": t["threads"],
+                        "cluster_eps": t["examples_per_sec"], "plain_eps": plain["examples_per_sec"],
+                        "plain_step_ms": plain["step_ms"],
+                        **compare(t["examples_per_sec"], plain["examples_per_sec"], report["batch_size"]),
+                        "loop_s": t["phases_s"]["training_loop"], "train_s": t["phases_s"]["train"],
+                        "peak_rss_mb": peaks, "load": t["load_before"]})
+    return out
+
+
+def _short(node: str, cluster: str) -> str:
+    return node.removeprefix(cluster + "-").replace("worker-", "w").replace("chief-", "c").replace("ps-", "ps")
+
+
+def print_report(report: dict) -> None:
+    print(f"bench on {report['cores']} cores, batch {report['batch_size']} per training task, learning rate "
+          f"{report['learning_rate']}; load (1/5/15 min) at the start {report['load_start']}, "
+          f"at the end {report['load_end']}")
+    if report["runs"]:
+        print(f"\n{'model':<9} {'strategy':<22} {'threads':<10} {'cluster ex/s':>12} {'plain ex/s':>10} "
+              f"{'ratio':>6} {'coord ms/step':>13} {'plain ms/step':>13} {'loop s':>7} {'train s':>7}  "
+              f"peak MB per task{'':<20} load before")
+        for r in report["rows"]:
+            cluster = next(x["cluster"] for x in report["runs"] if x["strategy"] == r["strategy"])
+            peaks = " ".join(f"{_short(n, cluster)} {v:.0f}" if v else f"{_short(n, cluster)} -"
+                             for n, v in r["peak_rss_mb"].items())
+            fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
+            print(f"{r['model']:<9} {r['strategy']:<22} {r['threads']:<10} {r['cluster_eps']:>12.0f} "
+                  f"{r['plain_eps']:>10.0f} {fmt(r['ratio'], '>6.2f'):>6} "
+                  f"{fmt(r['coordination_ms_per_step'], '>13.2f'):>13} {r['plain_step_ms']:>13.2f} "
+                  f"{fmt(r['loop_s'], '>7.1f'):>7} {fmt(r['train_s'], '>7.1f'):>7}  {peaks:<36} {r['load']}")
+        for model, plain in report["plain"].items():
+            print(f"plain process {model}: {plain['steps']} steps after {WARMUP_STEPS} warm-up, "
+                  f"{plain['step_ms']:.2f} ms/step, peak {plain['peak_rss_mb']:.0f} MB, load before "
+                  f"{plain['load']}")
+        print(f"\n{'phases (s)':<22} {'up':>6} {'configure':>10} {'down':>6}   per train: "
+              "train (tasks started to chief exit, loop, publish, verify)")
+        for run in report["runs"]:
+            p = run["phases_s"]
+            trains = "; ".join(
+                f"{t['model']}/{t['threads']} {t['phases_s']['train']} ({t['phases_s']['tasks_started_to_chief_exit']}"
+                f", {t['phases_s']['training_loop']}, {t['phases_s']['publish']}, {t['phases_s']['verify']})"
+                for t in run["trains"])
+            print(f"{run['strategy']:<22} {p.get('up', '-'):>6} {p.get('configure', '-'):>10} "
+                  f"{p.get('down', '-'):>6}   {trains}")
+        threads = {f"{t['threads']}": next(iter(t["tasks"].values()), {}).get("threads")
+                   for run in report["runs"] for t in run["trains"]}
+        print("thread pools the tasks logged: " + "; ".join(f"{k}: {v}" for k, v in threads.items()))
+    if report.get("scale"):
+        s = report["scale"]
+        small, large = min(SCALE_NODES), max(SCALE_NODES)
+        print(f"\nscale ({s['image']}): configure {small} nodes {s['configure_s'][str(small)][0]} s, "
+              f"{large} nodes {s['configure_s'][str(large)][0]} s, ratio {s[f'configure_{large}_over_{small}']}; "
+              f"second configure {s['configure_s'][str(small)][1]} s ({s[f'second_configure_pct_{small}']}% of "
+              f"the first) on {small}, {s['configure_s'][str(large)][1]} s "
+              f"({s[f'second_configure_pct_{large}']}%) on {large}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+    except BenchArgsError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
         return 2
-    results = [bench_strategy(s, f"{args.cluster}-{SHAPES[s][0]}", args.steps) for s in strategies]
+    if args.plain_process:
+        print(json.dumps(plain_process(args.plain_process, args.steps or MODELS.get(args.plain_process, 300),
+                                       args.batch_size, args.learning_rate)))
+        return 0
+    sys.path.insert(0, str(REPO / "train"))
+    sys.path.insert(0, str(REPO))
     from tfcluster.config import resolve
 
-    spec = resolve(overrides={"training.steps": args.steps})
-    settings = {"steps": args.steps, "batch_size": spec.training.batch_size,
-                "learning_rate": spec.training.learning_rate}
-    single = single_process_examples_per_sec(args.steps, settings["batch_size"], settings["learning_rate"])
-    print_report(results, single, settings)
+    spec = resolve(overrides={})
+    report = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cores": os.cpu_count(), "load_start": load(),
+              "batch_size": spec.training.batch_size, "learning_rate": spec.training.learning_rate,
+              "models": args.models, "threads_modes": thread_modes(args.threads), "runs": [], "plain": {}}
+    if not args.no_train:
+        report["runs"] = [bench_strategy(s, f"{args.cluster}-{SHAPES[s][0]}", args.models, args.steps,
+                                         thread_modes(args.threads), args.sets) for s in args.strategies]
+        # the plain processes run with no cluster up: the machine is theirs as the cluster's was
+        report["plain"] = {m: run_plain(m, steps_for(m, args.steps), report["batch_size"], report["learning_rate"])
+                           for m in args.models}
+        report["rows"] = rows(report)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": "digits", **settings,
-                               "single_process_examples_per_sec": round(single, 1), "runs": results}, indent=2)
-                   + "\n")
+    if args.scale:
+        out.write_text(json.dumps(report, indent=2) + "\n")   # the figures so far, should the scale phase fail
+        report["scale"] = bench_scale(args.cluster, args.sets)
+    report["load_end"] = load()
+    print_report(report)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"figures written to {out}")
     return 0
 

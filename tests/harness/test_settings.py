@@ -20,7 +20,8 @@ def test_example_is_valid_and_normalised():
     assert s.peers() == [("ps/0", "10.0.0.2:2222"), ("worker/0", "10.0.0.3:2222"),
                          ("worker/1", "10.0.0.4:2222")]
     assert json.loads(s.tf_config_json()) == raw["tf_config"]
-    assert set(s.to_dict()) == set(raw) | {"strategy", "start_timeout_s", "stall_timeout_s", "data", "hparams"}
+    assert set(s.to_dict()) == set(raw) | {"strategy", "start_timeout_s", "stall_timeout_s", "data", "hparams",
+                                              "threads"}
     assert s.data is None and s.hparams == {}      # the module's arrays under s3.dataset_prefix
     assert s.start_timeout_s is None   # optional: the chief then waits up to max_runtime_s
 
@@ -137,3 +138,13 @@ def test_data_train_has_one_list_per_training_task(strategy, shares):
     tasks, jobs = (2, "worker") if strategy == "parameter_server" else (3, r"chief\+worker")
     with pytest.raises(SettingsError, match=rf"each of the {tasks} training tasks \({jobs}\) at least one file"):
         validate(example_settings(strategy=strategy, data=_files_data(shares)))
+
+
+def test_threads_are_optional_and_checked():
+    raw = example_settings()
+    assert validate(raw).threads is None                                # TensorFlow's defaults
+    raw["threads"] = {"intra_op": 1, "inter_op": 2}
+    assert validate(raw).threads.model_dump() == {"intra_op": 1, "inter_op": 2}
+    raw["threads"] = {"intra_op": 0, "inter_op": 1}
+    with pytest.raises(SettingsError, match=r"settings\['threads.intra_op'\] must be >= 1 \(got 0\)"):
+        validate(raw)

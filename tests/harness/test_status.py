@@ -12,7 +12,7 @@ def test_write_status_is_atomic_and_has_the_keys(tmp_path):
     status.write_status(tmp_path, role="chief", phase="training", step=120, total=600, loss=0.42131,
                         examples_per_sec=3150.24)
     doc = json.loads((tmp_path / "status.json").read_text())
-    assert set(doc) == {"role", "phase", "step", "total", "loss", "examples_per_sec", "updated"}
+    assert set(doc) == {"role", "phase", "step", "total", "loss", "examples_per_sec", "updated", "peak_rss_mb"}
     assert doc["step"] == 120 and doc["loss"] == 0.42131 and doc["examples_per_sec"] == 3150.2
     status.write_status(tmp_path, role="chief", phase="done", step=600, total=600, accuracy=0.97)
     assert status.read_status(tmp_path)["accuracy"] == 0.97

@@ -200,6 +200,12 @@ class Provider(ABC):
         """
         return spec.max_runtime_minutes + VM_HALT_MARGIN_MINUTES if self.halts_vm else 0
 
+    def task_threads(self, spec: RunSpec) -> dict:
+        """Each node's TensorFlow thread pools, ``{"intra_op": n, "inter_op": m}``, or ``{}``: TensorFlow's
+        defaults (one thread per core).  A VM's cores are its own, so by default providers keep the defaults;
+        the controller passes this to tf_node's start tasks (``tf_node_threads``)."""
+        return {}
+
     #: whose preemption notice the nodes' supervisors watch in the instance metadata: "aws", "gcp" or ""
     preemption_notice = ""
 

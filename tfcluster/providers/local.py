@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import Field
+from tfc_harness import strategies
 
 from .. import aptproxy, baked, cgroup, image, localnode, store
 from ..config import ROLES, Checked, RunSpec, whole_number_check
@@ -43,6 +45,7 @@ def _routes() -> list[tuple[str, str]]:
     return routes
 
 
+_THREADS_ALLOWED = "a whole number from 0 (TensorFlow's defaults) to 256 (unset: this node's share of the cores)"
 _MEMORY_ALLOWED = f"a whole number of MiB from {cgroup.MIN_MB} to {cgroup.MAX_MB} (unset: no limit)"
 
 
@@ -55,6 +58,23 @@ class LocalOptions(ProviderOptions):
                           "memory cgroup with this limit and no swap, and one that allocates beyond it is "
                           "OOM-killed while the node lives on; fixed when the nodes are made (default: unset, no "
                           "limit; needs cgroup v1 or v2 with the memory controller)")
+
+    task_threads: Checked(whole_number_check(0, 256, _THREADS_ALLOWED)) | None = Field(
+        None, description="threads in the TensorFlow pools of a node's task (intra-op; inter-op the same but at "
+                          "least 2: one deadlocks the parameter-server strategy); the nodes share this machine's "
+                          "cores, so by default (unset) each task gets its share: the machine's cores divided "
+                          "among the tasks that train (ps and a coordinating chief not counted), at least 1; 0: "
+                          "TensorFlow's defaults (one thread per core, in every task)")
+
+
+#: an inter-op pool of one thread deadlocks ParameterServerStrategy (seen: the chief made no step in 90 s, each
+#: worker's one thread held by a step function waiting on another op), so inter-op keeps at least this many
+MIN_INTER_OP = 2
+
+
+def share_of_cores(cores: int, training_tasks: int) -> int:
+    """One training task's share of ``cores`` cores: at least 1 thread."""
+    return max(1, cores // max(1, training_tasks))
 
 
 @register
@@ -166,6 +186,15 @@ class LocalProvider(TerraformProvider):
     def _made(self, field: str) -> set[str]:
         return {n.get(field, "") for n in self._made_inputs()}
 
+    def task_threads(self, spec: RunSpec) -> dict:
+        """Local nodes share this machine's cores: each task's pools get its share (see LocalOptions)."""
+        asked = self.options_for(spec).task_threads
+        if asked is None:
+            tasks = strategies.training_task_count(spec.strategy, {r: spec.count(r) for r in ROLES})
+            asked = share_of_cores(os.cpu_count() or 1, tasks)
+        n = int(asked)
+        return {"intra_op": n, "inter_op": max(MIN_INTER_OP, n)} if n else {}
+
     def up(self, spec: RunSpec, public_key: str) -> list[Node]:
         from ..cluster import say
 
@@ -177,8 +206,9 @@ class LocalProvider(TerraformProvider):
         return super().up(spec, public_key)
 
     def provider_options(self, spec: RunSpec) -> dict[str, str]:
-        """The module's options: tfcluster's own, and the user's (node_memory_mb) when given."""
-        return self.options_for(spec).model_dump(exclude_none=True) | {
+        """The module's options: tfcluster's own, and the user's (node_memory_mb) when given (task_threads is
+        the tasks' own, passed when they start: :meth:`task_threads`)."""
+        return self.options_for(spec).model_dump(exclude_none=True, exclude={"task_threads"}) | {
             "python": sys.executable,
             "state_dir": str(self.state.dir),
             "subnet": subnet_for(spec),

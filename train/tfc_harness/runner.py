@@ -3,7 +3,8 @@
 Order matters: the TensorFlow environment variables (quiet logs, ``TF_CONFIG``) are set before anything
 imports TensorFlow, and the process moves into ``state_dir`` so that the relative shard path in
 :mod:`tfc_harness.records` names each node's own file.  TensorFlow's default kernels stay on (oneDNN: a
-CNN step is ~1.5x slower without them); only its C++ log level is raised.
+CNN step is ~1.5x slower without them); only its C++ log level is raised.  The thread pools are sized
+(:mod:`tfc_harness.threads`) before the strategy runs any op, and the task's log says how.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import preemption, strategies
+from . import preemption, strategies, threads
 from . import settings as settings_mod
 from .status import write_status
 
@@ -56,6 +57,7 @@ def main(raw_settings: dict) -> int:
     settings = prepare_process(settings)
     print(f"tfc_harness: {settings.role} {settings.index} of cluster {settings.cluster} "
           f"run {settings.run_id} ({settings.strategy}) in {settings.state_dir}", flush=True)
+    print(threads.apply(settings.threads.model_dump() if settings.threads else None), flush=True)
     strategy = strategies.get(settings.strategy)(settings)
     if not strategy.runs_loop():
         return serve(strategy)

@@ -9,7 +9,7 @@ the data stream's figures (bytes, MB/s, epoch), which ``make status`` and the pr
 
 from __future__ import annotations
 
-from . import preemption, s3io
+from . import preemption, s3io, threads
 from .settings import Settings
 from .status import write_status
 
@@ -24,7 +24,9 @@ def serve(settings: Settings, feed=None) -> int:
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
-                                  task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc", start=True)
+                                  task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc",
+                                  config=threads.server_config(settings.threads and settings.threads.model_dump()),
+                                  start=True)
     address = settings.cluster_spec[settings.role][settings.index]
     write_status(settings.state_dir, role=settings.role, phase="serving", address=address)
     print(f"{settings.role} {settings.index}: serving on {address}", flush=True)

@@ -17,7 +17,8 @@ and echoes its value, e.g. ``settings['steps']: must be >= 1 (got 0)``.  An exam
              "run_prefix": "runs/mycluster/20261122-0415-ab12",
              "checkpoint_prefix": "runs/mycluster/checkpoints", "dataset_prefix": "datasets/digits"},
       "state_dir": "/opt/tfcluster/state", "max_runtime_s": 1800,
-      "start_timeout_s": 300, "stall_timeout_s": 90   # optional
+      "start_timeout_s": 300, "stall_timeout_s": 90,  # optional
+      "threads": {"intra_op": 1, "inter_op": 1}        # optional (local nodes: their share of the cores)
     }
 
 The jobs ``tf_config.cluster`` must hold, and how many tasks each, come from the strategy's shape
@@ -113,6 +114,13 @@ class FileData(_Strict):
     test: list[DataFile] = Field(min_length=1, description="the test split's files")
 
 
+class Threads(_Strict):
+    """Sizes of the task's TensorFlow thread pools (:mod:`tfc_harness.threads`)."""
+
+    intra_op: int = Field(ge=1, description="threads one op's kernel is split over")
+    inter_op: int = Field(ge=1, description="ops run at once")
+
+
 class Task(_Strict):
     type: str = Field(description="this task's job (its role)")
     index: int = Field(ge=0, description="this task's index within its job")
@@ -151,6 +159,8 @@ class Settings(_Strict):
         None, ge=1, description="how long the chief waits for every peer (default: max_runtime_s)")
     stall_timeout_s: int | None = Field(
         None, ge=10, description="no training step for this long ends the chief (exit 4; default 90)")
+    threads: Threads | None = Field(
+        None, description="TensorFlow's thread pools; null: its defaults (one thread per core it sees)")
 
     @model_validator(mode="after")
     def _cluster_fits(self) -> Settings:

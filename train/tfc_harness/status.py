@@ -1,7 +1,8 @@
 """``<state_dir>/status.json`` (written atomically) and the chief's progress lines.
 
 status.json keys: ``role``, ``phase``, ``step``, ``total``, ``loss``, ``examples_per_sec``, ``updated``
-(unix time), plus ``accuracy`` once the chief has evaluated and ``error`` when the phase is ``failed``.
+(unix time), ``peak_rss_mb`` (the writing process's peak resident memory so far, its VmHWM), plus
+``accuracy`` once the chief has evaluated and ``error`` when the phase is ``failed``.
 ps and workers report the phase ``serving``.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +28,7 @@ def write_status(state_dir: str | os.PathLike, *, role: str, phase: str, step: i
     doc = {"role": role, "phase": phase, "step": int(step), "total": int(total),
            "loss": None if loss is None else round(float(loss), 6),
            "examples_per_sec": None if examples_per_sec is None else round(float(examples_per_sec), 1),
-           "updated": time.time()}
+           "updated": time.time(), "peak_rss_mb": peak_rss_mb()}
     doc.update(extra)
     directory = Path(state_dir)
     directory.mkdir(parents=True, exist_ok=True)
@@ -42,6 +44,11 @@ def write_status(state_dir: str | os.PathLike, *, role: str, phase: str, step: i
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MiB (``ru_maxrss``, KiB on Linux: /proc's VmHWM)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def read_status(state_dir: str | os.PathLike) -> dict | None:
