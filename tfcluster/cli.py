@@ -76,37 +76,39 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _up_step(args):
-    """``up``, or with ``--sweep`` every group of nodes the sweep runs on (its file checked first)."""
+def _sweep_of(args, spec: config.RunSpec):
+    """The ``--sweep`` file, read and checked once (bad input stops here, before anything exists), or None."""
     if not getattr(args, "sweep", ""):
+        return None
+    from . import sweep
+
+    return sweep.load(args.sweep, spec)
+
+
+def _up_step(loaded):
+    """``up``, or with a sweep every group of nodes it runs on."""
+    if loaded is None:
         return cluster.up
+    from . import sweep
 
-    def up_groups(spec):
-        from . import sweep
-
-        sweep.ensure_groups(spec, sweep.load(args.sweep, spec).parallel)
-    return up_groups
+    return lambda spec: sweep.ensure_groups(spec, loaded.parallel)
 
 
-def _train_step(args):
-    """``train``, or with ``--sweep`` the sweep's trials."""
+def _train_step(args, loaded):
+    """``train``, or with a sweep its trials."""
     from . import training
 
-    if getattr(args, "sweep", ""):
+    if loaded is not None:
         from . import sweep
 
-        return lambda spec: sweep.run(spec, args.sweep)
+        return lambda spec: sweep.run(spec, loaded)
     return lambda spec: training.train(spec, configure_first=not getattr(args, "skip_configure", False),
                                        trial=getattr(args, "trial", ""))
 
 
 def cmd_up(args) -> int:
     spec = spec_from_args(args)  # bad input stops here, before anything exists
-    if args.sweep:
-        from . import sweep
-
-        sweep.load(args.sweep, spec)
-    step = _up_step(args)
+    step = _up_step(_sweep_of(args, spec))
     if args.down_on_failure:  # `make up train down`: a failed up must not leave half a cluster
         return run_then_teardown(spec, args.force, [step], always=False)
     step(spec)
@@ -158,11 +160,8 @@ def run_then_teardown(spec: config.RunSpec, force: bool, steps, always: bool) ->
 def cmd_all(args) -> int:
     """up, train, down: down runs after success, failure and Ctrl-C (a second Ctrl-C is ignored)."""
     spec = spec_from_args(args)  # bad input stops here, before anything exists
-    if args.sweep:
-        from . import sweep
-
-        sweep.load(args.sweep, spec)
-    return run_then_teardown(spec, args.force, [_up_step(args), _train_step(args)], always=True)
+    loaded = _sweep_of(args, spec)
+    return run_then_teardown(spec, args.force, [_up_step(loaded), _train_step(args, loaded)], always=True)
 
 
 def cmd_configure(args) -> int:
@@ -174,7 +173,7 @@ def cmd_configure(args) -> int:
 
 def cmd_train(args) -> int:
     spec = spec_from_args(args)
-    train = _train_step(args)
+    train = _train_step(args, None)
     if args.down_on_failure:  # `make up train down`: a failed train must not leave the cluster up
         return run_then_teardown(spec, args.force, [train], always=False)
     train(spec)
@@ -183,9 +182,10 @@ def cmd_train(args) -> int:
 
 def cmd_sweep(args) -> int:
     spec = spec_from_args(args)
+    step = _train_step(args, _sweep_of(args, spec))
     if args.down_on_failure:  # `make up sweep down`: a failed sweep must not leave the groups up
-        return run_then_teardown(spec, args.force, [_train_step(args)], always=False)
-    return _train_step(args)(spec)
+        return run_then_teardown(spec, args.force, [step], always=False)
+    return step(spec)
 
 
 def cmd_status(args) -> int:

@@ -34,10 +34,10 @@ from .config import RunSpec
 from .errors import TfclusterError
 from .paths import ClusterState, artifacts_root
 from .runrecord import RunState
-from .sweepfile import Sweep, load, sweep_name, trial_spec
+from .sweepfile import Sweep, load, params_text, sweep_name, trial_spec
 
-__all__ = ["Record", "Scheduler", "Sweep", "best", "ensure_groups", "load", "publish", "ranked", "record_dir",
-           "run", "sweep_name", "table", "trial_spec"]
+__all__ = ["Record", "Scheduler", "Sweep", "best", "ensure_groups", "load", "params_text", "publish", "ranked",
+           "record_dir", "run", "sweep_name", "table", "trial_spec"]
 
 
 # -- the record --------------------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ class Scheduler:
         if not configure:
             cmd.append("--skip-configure")
         prefix = f"[{trial['id']} {group}]"
-        say(f"trial {trial['id']} ({_params_text(trial['params'])}) on group {group}"
+        say(f"trial {trial['id']} ({params_text(trial['params'])}) on group {group}"
             + (" (resuming its run)" if trial.get("state") not in ("pending", None) else ""))
         self.record.update(trial, state="running", group=group, started=time.time(),
                            log=str(folder / f"{trial['id']}.log"))
@@ -245,10 +245,6 @@ class Scheduler:
 
 def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, (int, float)) else "-"
-
-
-def _params_text(params: dict) -> str:
-    return ", ".join(f"{k.rsplit('.', 1)[1]}={v}" for k, v in params.items())
 
 
 # -- the result --------------------------------------------------------------------------------------------
@@ -299,9 +295,9 @@ def publish(spec: RunSpec, sweep: Sweep, record: Record) -> str:
     return f"s3://{spec.storage.bucket}/{prefix}/"
 
 
-def run(spec: RunSpec, sweep_file: str) -> int:
-    """Run (or resume) the sweep on the cluster's groups, bringing up those not up; print the table."""
-    sweep = load(sweep_file, spec)
+def run(spec: RunSpec, sweep: Sweep) -> int:
+    """Run (or resume) the sweep (as :func:`load` read it) on the cluster's groups, bringing up those not up;
+    print the table."""
     record = Record(spec, sweep)
     done = [t for t in record.trials() if t.get("state") == "verified"]
     say(f"sweep {sweep.name}: {len(sweep.trials)} trials ({sweep.method}), {sweep.parallel} at once, "
@@ -324,7 +320,7 @@ def run(spec: RunSpec, sweep_file: str) -> int:
     verified = sum(t.get("state") == "verified" for t in trials)
     result = record.data["best"]
     if result:
-        say(f"best: trial {result['trial']} ({_params_text(result['params'])}), "
+        say(f"best: trial {result['trial']} ({params_text(result['params'])}), "
             f"{sweep.metric.removeprefix('test_')} {_fmt(result['value'])}, model {result['model']}")
     say(f"sweep {sweep.name}: {verified} of {len(trials)} trials verified; sweep.json"
         + (" and best.json" if result else "") + f" in {where} (read back)")

@@ -193,6 +193,11 @@ def _draw(rng: random.Random, values):
     return round(x) if isinstance(low, int) and isinstance(high, int) else x
 
 
+def params_text(params: dict, sep: str = ", ") -> str:
+    """A trial's values by their last name part: ``learning_rate=0.01, batch_size=64``."""
+    return sep.join(f"{k.rsplit('.', 1)[1]}={v}" for k, v in params.items())
+
+
 def trial_key(name: str, params: dict) -> str:
     """A trial's identity: the sweep's name and its values (its run carries it; only it resumes it)."""
     digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]

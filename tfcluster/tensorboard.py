@@ -137,7 +137,7 @@ def sweep_runs(spec: RunSpec, sweep_file: str, client) -> list[tuple[str, str, s
     runs = []
     for t in data.get("trials", []):
         if t.get("run_id") and t.get("group") and _RUN_ID.fullmatch(t["run_id"]):
-            values = ",".join(f"{k.rsplit('.', 1)[1]}={v}" for k, v in t["params"].items())
+            values = sweep.params_text(t["params"], sep=",")
             runs.append((t["group"], t["run_id"], re.sub(r"[^A-Za-z0-9._=,+-]", "_", f"{t['id']}-{values}")))
     if not runs:
         raise TfclusterError(f"no trial of sweep {name} has a run yet")

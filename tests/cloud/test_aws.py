@@ -141,9 +141,11 @@ def _plan(tf: TerraformModule) -> str:
     return " ".join((res.stdout + res.stderr).split())  # undo Terraform's line wrapping
 
 
-def _planned(spec, public_key: str, tmp_path: Path) -> tuple[TerraformModule, dict]:
-    """``terraform plan`` of the spec's root (nothing is created) and the plan as ``terraform show -json``."""
-    provider = AwsProvider(ClusterState(spec.cluster, root=tmp_path))
+def _planned(spec, public_key: str, tmp_path: Path,
+             provider: AwsProvider | None = None) -> tuple[TerraformModule, dict]:
+    """``terraform plan`` of the spec's root (nothing is created) and the plan as ``terraform show -json``;
+    with ``provider``, that provider's inputs (its state under ``tmp_path`` otherwise)."""
+    provider = provider or AwsProvider(ClusterState(spec.cluster, root=tmp_path))
     tf = provider.module()
     tf.write_root(provider.inputs(spec, public_key))
     tf.init()

@@ -9,19 +9,16 @@ image runs for real (tests/integration/test_node_image.py), through the same tfc
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 
 import pytest
 
 from tests.cloud.conftest import DEBIAN_AMI
-from tests.cloud.test_aws import aws_spec, needs_aws_plugin
+from tests.cloud.test_aws import _planned, aws_spec, needs_aws_plugin
 from tfcluster import baked
 from tfcluster.paths import ClusterState
 from tfcluster.providers import aws_image
 from tfcluster.providers.aws import AwsProvider
-from tfcluster.terraform import TERRAFORM_BIN
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +29,9 @@ def public_key(tmp_path_factory) -> str:
     return key.with_suffix(".pub").read_text().strip()
 
 
-def _plan_amis(provider: AwsProvider, spec, public_key: str) -> dict[str, str]:
+def _plan_amis(provider: AwsProvider, spec, public_key: str, tmp_path) -> dict[str, str]:
     """``terraform plan`` of the module with the provider's inputs: each planned instance's AMI."""
-    tf = provider.module()
-    tf.write_root(provider.inputs(spec, public_key))
-    tf.init()
-    env = dict(os.environ, **tf._env())
-    res = subprocess.run([TERRAFORM_BIN, "plan", "-input=false", "-no-color", "-lock=false", "-out=tfct.plan"],
-                         cwd=tf.work_dir, env=env, capture_output=True, text=True, timeout=150)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    shown = json.loads(subprocess.run([TERRAFORM_BIN, "show", "-json", "tfct.plan"], cwd=tf.work_dir, env=env,
-                                      capture_output=True, text=True, timeout=60, check=True).stdout)
+    tf, shown = _planned(spec, public_key, tmp_path, provider)
     assert not tf.has_resources()
     return {r["index"]: r["change"]["after"]["ami"] for r in shown["resource_changes"] if r["type"] == "aws_instance"}
 
@@ -75,7 +64,7 @@ def test_a_baked_ami_is_created_tagged_found_and_planned(tmp_path, moto_endpoint
     # up's look-up finds it for every role (same content key), and the module plans every node on it
     provider.baked = provider.baked_images(spec)
     assert provider.baked == {"ps": ami, "worker": ami, "chief": ami}
-    amis = _plan_amis(provider, spec, public_key)
+    amis = _plan_amis(provider, spec, public_key, tmp_path)
     assert set(amis) == {"tfct-ami-ps-0", "tfct-ami-worker-0", "tfct-ami-worker-1", "tfct-ami-chief-0"}
     assert set(amis.values()) == {ami}, amis
 
