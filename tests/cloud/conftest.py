@@ -108,3 +108,12 @@ def aws_env(tmp_path_factory):
                "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ENDPOINT_URL")
     with temporary_environment(values, removed):
         yield values
+
+
+@pytest.fixture(scope="module")
+def public_key(tmp_path_factory) -> str:
+    """An ed25519 public key for the modules' inputs (the private half stays in the test's temp dir)."""
+    key = tmp_path_factory.mktemp("key") / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tfct", "-f", str(key)],
+                   check=True, timeout=30)
+    return key.with_suffix(".pub").read_text().strip()

@@ -58,14 +58,6 @@ def aws_spec(endpoint: str | None = None, options: dict | None = None, **overrid
     return resolve(overrides=values)
 
 
-@pytest.fixture(scope="module")
-def public_key(tmp_path_factory) -> str:
-    key = tmp_path_factory.mktemp("key") / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tfct", "-f", str(key)],
-                   check=True, timeout=30)
-    return key.with_suffix(".pub").read_text().strip()
-
-
 # -- the provider class, without Terraform ------------------------------------------------------
 
 def test_registered_with_shared_inputs_and_lazy_sdk(tmp_path):

@@ -9,24 +9,12 @@ image runs for real (tests/integration/test_node_image.py), through the same tfc
 
 from __future__ import annotations
 
-import subprocess
-
-import pytest
-
 from tests.cloud.conftest import DEBIAN_AMI
 from tests.cloud.test_aws import _planned, aws_spec, needs_aws_plugin
 from tfcluster import baked
 from tfcluster.paths import ClusterState
 from tfcluster.providers import aws_image
 from tfcluster.providers.aws import AwsProvider
-
-
-@pytest.fixture(scope="module")
-def public_key(tmp_path_factory) -> str:
-    key = tmp_path_factory.mktemp("key") / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tfct", "-f", str(key)],
-                   check=True, timeout=30)
-    return key.with_suffix(".pub").read_text().strip()
 
 
 def _plan_amis(provider: AwsProvider, spec, public_key: str, tmp_path) -> dict[str, str]:
