@@ -3,19 +3,53 @@
 ps tasks hold the variables and only serve; each worker first prepares its own part of the training data
 (:meth:`tfc_harness.inputs.ArrayInput.prepare_worker`: a local shard, or a stream of its files) and then
 serves; the chief runs the loop, and its ``ClusterCoordinator`` spreads the scheduled steps over the
-workers, each reading its own data (:mod:`tfc_harness.inputs`).  ``model.fit`` does not work with this
+workers, each reading its own data (:mod:`tfc_harness.inputs`).  Each scheduled function runs several steps
+on its worker (:class:`Dispatch` tunes how many toward :data:`DISPATCH_TARGET_S`): a dispatch costs the chief
+an RPC round trip, which bounds small steps when each function runs one.  ``model.fit`` does not work with this
 strategy under Keras 3, hence the harness's own loop.  Checkpoints are written by the chief only, with
 their I/O pinned to the chief (without that each ps would write its part to its own disk).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from . import inputs, s3io, server
 from .strategies import Strategy
 
-LOSS_SAMPLES = 8   # remote losses fetched per train(n) call
+LOSS_SAMPLES = 8              # remote losses fetched per train(n) call
+DISPATCH_TARGET_S = 0.05      # aim for this much work on a worker per scheduled function
+MAX_STEPS_PER_DISPATCH = 200
+
+
+class Dispatch:
+    """How many steps each scheduled function runs: tuned from how long the previous ``train(n)`` took.
+
+    The first call runs one step per function (it also traces); after each call the time of one step on one
+    worker is estimated (the call's seconds × the workers kept busy / its steps) and the next functions get
+    about ``target_s`` of steps each, between 1 and ``limit``.  A call never has fewer functions than
+    workers while it has steps for them, so no worker idles for want of a function.
+    """
+
+    def __init__(self, workers: int, target_s: float = DISPATCH_TARGET_S, limit: int = MAX_STEPS_PER_DISPATCH):
+        self.workers, self.target_s, self.limit = max(1, workers), target_s, limit
+        self.steps = self.reported = 1
+
+    def plan(self, n: int) -> list[int]:
+        """The steps of each function scheduled for a call of ``n`` steps (they sum to ``n``)."""
+        k = max(1, min(self.steps, -(-n // self.workers)))
+        return [k] * (n // k) + ([n % k] if n % k else [])
+
+    def observe(self, sizes: list[int], seconds: float) -> bool:
+        """Retune after a call that ran functions of ``sizes`` steps in ``seconds``; True when the size moved
+        by half or more since it was last reported (worth a log line)."""
+        per_step = seconds * min(self.workers, len(sizes)) / max(1, sum(sizes))
+        self.steps = max(1, min(self.limit, int(self.target_s / max(per_step, 1e-6))))
+        if not self.reported / 1.5 < self.steps < self.reported * 1.5:
+            self.reported = self.steps
+            return True
+        return False
 
 
 class ParameterServer(Strategy):
@@ -48,16 +82,26 @@ class ParameterServer(Strategy):
 
         strategy, coordinator = self.tf_strategy, self.coordinator
 
+        dispatch = self.dispatch = Dispatch(self.settings.num_workers)
+
         @tf.function
-        def train_step(iterator):
-            x, y = next(iterator)
-            losses = strategy.run(replica_step, args=(x, y))
-            return strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)
+        def train_steps(iterator, k):
+            loss = tf.constant(0.0)
+            for _ in tf.range(k):
+                x, y = next(iterator)
+                losses = strategy.run(replica_step, args=(x, y))
+                loss = tf.cast(strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None), tf.float32)
+            return loss
 
         def train(n: int) -> list[float]:
-            """Schedule ``n`` steps on whichever workers are free, wait for all, fetch the last losses."""
-            results = [coordinator.schedule(train_step, args=(dataset,)) for _ in range(n)]
+            """Schedule ``n`` steps, several per function, on whichever workers are free; wait for all; fetch
+            the last functions' losses (each its last step's)."""
+            sizes = dispatch.plan(n)
+            started = time.monotonic()
+            results = [coordinator.schedule(train_steps, args=(dataset, tf.constant(k, tf.int64))) for k in sizes]
             coordinator.join()
+            if dispatch.observe(sizes, time.monotonic() - started):
+                print(f"parameter_server: {dispatch.steps} steps per scheduled function", flush=True)
             return [float(r.fetch()) for r in results[-LOSS_SAMPLES:]]
 
         return train

@@ -1,0 +1,56 @@
+"""How the parameter-server loop packs steps into scheduled functions (no cluster: the tuning arithmetic)."""
+
+from __future__ import annotations
+
+import pytest
+from tfc_harness.parameter_server import Dispatch
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 10, 64, 333])
+def test_a_plan_runs_exactly_the_steps_asked(n):
+    d = Dispatch(workers=2)
+    for steps in (1, 3, 16, 200):
+        d.steps = steps
+        sizes = d.plan(n)
+        assert sum(sizes) == n and all(1 <= k <= steps for k in sizes)
+
+
+def test_the_first_call_runs_one_step_per_function():
+    assert Dispatch(workers=2).plan(10) == [1] * 10
+
+
+def test_every_worker_gets_a_function_while_there_are_steps_for_it():
+    d = Dispatch(workers=4)
+    d.steps = 100
+    assert d.plan(10) == [3, 3, 3, 1]
+    assert len(d.plan(3)) == 3
+
+
+def test_fast_steps_get_packed_toward_the_target_time():
+    d = Dispatch(workers=2, target_s=0.05)
+    d.observe([1] * 100, seconds=0.1)          # 100 steps over 2 busy workers: 2 ms a step
+    assert d.steps == 25
+    d.observe([25] * 4, seconds=0.1)           # now 2 ms a step still: same size
+    assert d.steps == 25
+
+
+def test_slow_steps_run_one_per_function_and_the_size_is_bounded():
+    d = Dispatch(workers=2, target_s=0.05, limit=40)
+    d.observe([1, 1], seconds=0.2)             # 200 ms a step
+    assert d.steps == 1
+    d.observe([1] * 100, seconds=0.0)          # no measurable time: the limit, not a division by zero
+    assert d.steps == 40
+
+
+def test_a_call_with_fewer_functions_than_workers_counts_only_the_busy_ones():
+    d = Dispatch(workers=4, target_s=0.05)
+    d.observe([5], seconds=0.05)               # one worker ran 5 steps: 10 ms a step
+    assert d.steps == 5
+
+
+def test_a_size_is_reported_when_it_moves_by_half_or_more():
+    d = Dispatch(workers=1, target_s=0.05)
+    assert d.observe([1], seconds=0.05) is False        # 1 step a function still
+    assert d.observe([1] * 10, seconds=0.05) is True     # 5 ms a step: 10
+    assert d.observe([10] * 2, seconds=0.08) is False    # 4 ms a step: 12, within half of 10
+    assert d.observe([12] * 2, seconds=0.024) is True    # 1 ms a step: 50
