@@ -22,6 +22,10 @@ Figures (README, "Benchmark", says the same):
   RPCs, dispatch, variable transfers, all-reduce, checkpoints, sharing the cores between tasks).
 - peak memory: each task's peak resident set (VmHWM, ``ru_maxrss``) as its last status.json reports it
   (fetched with the logs; a serving task refreshes it every 5 s).
+- everything but the training loop: up + configure + the first train's wall time less its training loop +
+  down, on each strategy's cluster (what ``make up train down`` spends outside the loop).
+
+The end of the report sets each figure beside the issue's target (:data:`TARGETS`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ THREAD_SETS = {"share": [], "tensorflow": ["--set", "provider_options.task_threa
 #: --scale: node counts whose configure is timed (ps 1, chief 1, the rest workers)
 SCALE_NODES = (4, 12)
 WARMUP_STEPS = 20
+#: the targets the report sets each figure beside (README, "Benchmark")
+TARGETS = {"ratio": {"shapes32": 0.9, "digits": 0.6}, "coordination_ms_per_step": 1.0, "outside_loop_s": 30.0,
+           "configure_large_over_small": 1.3, "second_configure_pct": 10.0}
 
 
 class BenchArgsError(ValueError):
@@ -259,7 +266,15 @@ def bench_strategy(strategy: str, cluster: str, models: list[str], steps: int | 
     finally:
         run_phase("down", ["down", "--force", *base], times)
     return {"strategy": strategy, "cluster": cluster, "nodes": dict(nodes, chief=1), "phases_s": times,
-            "trains": trains}
+            "trains": trains, "outside_loop_s": outside_loop(times, trains)}
+
+
+def outside_loop(times: dict, trains: list[dict]) -> float | None:
+    """up + configure + the first train less its training loop + down: all but the loop of a first run."""
+    if not trains or trains[0]["phases_s"].get("training_loop") is None or "down" not in times:
+        return None
+    first = trains[0]["phases_s"]
+    return round(times["up"] + times["configure"] + first["train"] - first["training_loop"] + times["down"], 1)
 
 
 def bench_scale(prefix: str, sets: list[str]) -> dict:
@@ -279,14 +294,16 @@ def bench_scale(prefix: str, sets: list[str]) -> dict:
         finally:
             run_phase("down", ["down", "--force", *base], times)
         phases[str(n)] = {"up": times["up"], "configure": configure.get(n), "down": times["down"]}
-    return dict(scale_figures(configure), phases_s=phases, image=image_state())
+    return dict(scale_figures(configure), phases_s=phases)
 
 
 def image_state() -> str:
-    """Whether configure could use a baked node image (``tfcluster image``) in this checkout."""
-    res = subprocess.run([sys.executable, "-m", "tfcluster", "image", "--help"], cwd=REPO, capture_output=True,
-                         text=True)
-    return "tfcluster image exists" if res.returncode == 0 else "without a baked image (no tfcluster image here)"
+    """The baked node image the clusters mount (``nodes.<role>.image`` left at '': the newest matching one)."""
+    from tfcluster import baked
+    from tfcluster.config import resolve
+
+    found = baked.find(baked.local_inputs(resolve(overrides={})).key)
+    return f"image {Path(found['dir']).name}" if found else "no baked image (up bakes one)"
 
 
 # -- the report ----------------------------------------------------------------------------------------------
@@ -313,7 +330,7 @@ def _short(node: str, cluster: str) -> str:
 def print_report(report: dict) -> None:
     print(f"bench on {report['cores']} cores, batch {report['batch_size']} per training task, learning rate "
           f"{report['learning_rate']}; load (1/5/15 min) at the start {report['load_start']}, "
-          f"at the end {report['load_end']}")
+          f"at the end {report['load_end']}; nodes mount {report['image']}")
     if report["runs"]:
         print(f"\n{'model':<9} {'strategy':<22} {'threads':<10} {'cluster ex/s':>12} {'plain ex/s':>10} "
               f"{'ratio':>6} {'coord ms/step':>13} {'plain ms/step':>13} {'loop s':>7} {'train s':>7}  "
@@ -331,7 +348,7 @@ def print_report(report: dict) -> None:
             print(f"plain process {model}: {plain['steps']} steps after {WARMUP_STEPS} warm-up, "
                   f"{plain['step_ms']:.2f} ms/step, peak {plain['peak_rss_mb']:.0f} MB, load before "
                   f"{plain['load']}")
-        print(f"\n{'phases (s)':<22} {'up':>6} {'configure':>10} {'down':>6}   per train: "
+        print(f"\n{'phases (s)':<22} {'up':>6} {'configure':>10} {'down':>6} {'not loop':>8}   per train: "
               "train (tasks started to chief exit, loop, publish, verify)")
         for run in report["runs"]:
             p = run["phases_s"]
@@ -340,18 +357,50 @@ def print_report(report: dict) -> None:
                 f", {t['phases_s']['training_loop']}, {t['phases_s']['publish']}, {t['phases_s']['verify']})"
                 for t in run["trains"])
             print(f"{run['strategy']:<22} {p.get('up', '-'):>6} {p.get('configure', '-'):>10} "
-                  f"{p.get('down', '-'):>6}   {trains}")
+                  f"{p.get('down', '-'):>6} {run.get('outside_loop_s') or '-':>8}   {trains}")
         threads = {f"{t['threads']}": next(iter(t["tasks"].values()), {}).get("threads")
                    for run in report["runs"] for t in run["trains"]}
         print("thread pools the tasks logged: " + "; ".join(f"{k}: {v}" for k, v in threads.items()))
     if report.get("scale"):
         s = report["scale"]
         small, large = min(SCALE_NODES), max(SCALE_NODES)
-        print(f"\nscale ({s['image']}): configure {small} nodes {s['configure_s'][str(small)][0]} s, "
+        print(f"\nscale: configure {small} nodes {s['configure_s'][str(small)][0]} s, "
               f"{large} nodes {s['configure_s'][str(large)][0]} s, ratio {s[f'configure_{large}_over_{small}']}; "
               f"second configure {s['configure_s'][str(small)][1]} s ({s[f'second_configure_pct_{small}']}% of "
               f"the first) on {small}, {s['configure_s'][str(large)][1]} s "
               f"({s[f'second_configure_pct_{large}']}%) on {large}")
+    print("\ntargets (README, Benchmark): figure, value, target, met")
+    for name, value, target, met in target_rows(report):
+        print(f"  {name:<58} {value if value is not None else '-':>8} {target:>10}  "
+              f"{'-' if met is None else 'yes' if met else 'no'}")
+
+
+def target_rows(report: dict) -> list[tuple[str, float | None, str, bool | None]]:
+    """Each figure the issue sets a target for: (name, value, target, met or None when not measured)."""
+    out = []
+
+    def add(name, value, op, target):
+        met = None if value is None else (value >= target if op == ">=" else value <= target)
+        out.append((name, value, f"{op} {target:g}", met))
+
+    for r in report.get("rows", []):
+        if r["model"] in TARGETS["ratio"] and r["threads"] == "share":
+            add(f"ratio {r['model']} {r['strategy']}", r["ratio"], ">=", TARGETS["ratio"][r["model"]])
+            add(f"coordination ms/step {r['model']} {r['strategy']}", r["coordination_ms_per_step"], "<=",
+                TARGETS["coordination_ms_per_step"])
+    for run in report.get("runs", []):
+        nodes = sum(run["nodes"].values())
+        add(f"all but the training loop, {nodes} nodes, {run['strategy']} (s)", run.get("outside_loop_s"), "<=",
+            TARGETS["outside_loop_s"])
+    if report.get("scale"):
+        s = report["scale"]
+        small, large = min(SCALE_NODES), max(SCALE_NODES)
+        add(f"configure {large} nodes / {small} nodes", s[f"configure_{large}_over_{small}"], "<=",
+            TARGETS["configure_large_over_small"])
+        for n in (small, large):
+            add(f"second configure, % of the first, {n} nodes", s[f"second_configure_pct_{n}"], "<=",
+                TARGETS["second_configure_pct"])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(report, indent=2) + "\n")   # the figures so far, should the scale phase fail
         report["scale"] = bench_scale(args.cluster, args.sets)
     report["load_end"] = load()
+    report["image"] = image_state()
     print_report(report)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"figures written to {out}")

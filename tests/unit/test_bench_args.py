@@ -81,3 +81,39 @@ def test_rows_put_the_plain_process_beside_each_run():
     (row,) = bench.rows(report)
     assert row["ratio"] == 0.5 and row["coordination_ms_per_step"] == 10.0 and row["plain_step_ms"] == 10.0
     assert row["peak_rss_mb"] == {"c-chief-0": 700.0} and row["strategy"] == "parameter_server"
+
+
+def test_outside_the_loop_is_up_configure_the_first_train_less_its_loop_and_down():
+    bench = _bench()
+    trains = [{"phases_s": {"train": 40.0, "training_loop": 15.0}}, {"phases_s": {"train": 99.0, "training_loop": 1.0}}]
+    assert bench.outside_loop({"up": 3.0, "configure": 10.0, "down": 2.0}, trains) == 40.0
+    assert bench.outside_loop({"up": 3.0, "configure": 10.0}, trains) is None          # down failed: no figure
+    assert bench.outside_loop({"up": 3.0, "configure": 10.0, "down": 2.0}, []) is None
+
+
+def test_the_report_ends_with_each_figure_beside_its_target(capsys):
+    bench = _bench()
+    train = {"model": "shapes32", "threads": "share", "examples_per_sec": 900.0, "load_before": "1.00 1.00 1.00",
+             "phases_s": {"training_loop": 12.0, "train": 30.0, "tasks_started_to_chief_exit": 20.0,
+                          "publish": 1.0, "verify": 3.0},
+             "tasks": {"c-chief-0": {"peak_rss_mb": 700.0, "threads": "intra-op 1, inter-op 2"}}}
+    report = {"cores": 2, "batch_size": 64, "learning_rate": 0.005, "load_start": "1", "load_end": "1",
+              "image": "image tf-x", "plain": {"shapes32": {"examples_per_sec": 1000.0, "step_ms": 64.0, "steps": 150,
+                                                            "peak_rss_mb": 700.0, "load": "1"}},
+              "runs": [{"strategy": "multi_worker_mirrored", "cluster": "c",
+                        "nodes": {"ps": 0, "worker": 2, "chief": 1},
+                        "phases_s": {"up": 2.0, "configure": 9.0, "down": 3.0}, "trains": [train],
+                        "outside_loop_s": 32.0}],
+              "scale": bench.scale_figures({4: [20.0, 1.5], 12: [24.0, 3.0]})}
+    report["rows"] = bench.rows(report)
+    got = {name: (value, target, met) for name, value, target, met in bench.target_rows(report)}
+    assert got["ratio shapes32 multi_worker_mirrored"] == (0.9, ">= 0.9", True)
+    assert got["coordination ms/step shapes32 multi_worker_mirrored"] == (7.11, "<= 1", False)
+    assert got["all but the training loop, 3 nodes, multi_worker_mirrored (s)"] == (32.0, "<= 30", False)
+    assert got["configure 12 nodes / 4 nodes"] == (1.2, "<= 1.3", True)
+    assert got["second configure, % of the first, 4 nodes"] == (7.5, "<= 10", True)
+    assert got["second configure, % of the first, 12 nodes"] == (12.5, "<= 10", False)
+    bench.print_report(report)
+    out = capsys.readouterr().out
+    assert "nodes mount image tf-x" in out and "targets (README, Benchmark)" in out
+    assert "configure 12 nodes / 4 nodes" in out and out.rstrip().endswith("no")
