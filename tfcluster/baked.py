@@ -17,7 +17,10 @@ An image is named by a content key (:class:`Inputs`): the base image, every file
 lock files, the lock file of the image's TensorFlow package, the playbook, and the values those roles read
 from the configuration (TensorFlow version, package, GPUs, where the wheels come from, CPU architecture). A
 change to any of them makes a new image; an image is never altered once built (a new key, a new
-directory). Configure on an imaged node runs the same roles, which then only check (changed=0).
+directory). The image records its key (:data:`KEY_FILE`); configure (``playbooks/site.yml``) skips the image
+roles on a node whose key is the one this configuration would bake (the provider's ``image_keys``), so such a
+node gets only tf_node, the per-node part. On any other node (a bare image, an older image) the roles run;
+on an image they only check (changed=0).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ BASE = "base"
 KIND = "tfcluster-node-image"
 #: bump when what :func:`bake` does to a builder changes what the image holds
 REVISION = 1
+#: where an image records its content key (playbooks/image.yml writes it; site.yml reads it on each node)
+KEY_FILE = "/etc/tfcluster-image-key"
 
 #: per-node state removed from a baked layer (paths relative to its root; globs allowed); the node's own
 #: upper directory supplies its own host key, sshd config, hostname, hosts, login key and apt proxy
@@ -176,6 +181,8 @@ def scrub(root: Path) -> list[str]:
 class Builder(Protocol):
     """A node the image roles are applied to, and how its result becomes an image."""
 
+    inputs: Inputs
+
     def start(self) -> tuple[ClusterState, list[Node], str | None]:
         """Make the builder node; return its state (inventory written, SSH answering), its node and the
         address the wheelhouse is served on (None: the node reads a package index)."""
@@ -195,11 +202,12 @@ def role_variables(spec: RunSpec, offline: bool, wheels: Path | None) -> dict:
 
 
 def apply_roles(spec: RunSpec, state: ClusterState, nodes: list[Node], host: str | None,
-                log: Callable[[str], None]) -> dict[str, dict[str, int]]:
-    """Apply the image roles (``playbooks/image.yml``) to ``nodes``: the recap per node."""
+                log: Callable[[str], None], key: str = "") -> dict[str, dict[str, int]]:
+    """Apply the image roles (``playbooks/image.yml``) to ``nodes``: the recap per node. ``key``: the image's
+    content key, written to the node (:data:`KEY_FILE`) for configure to find."""
     wheels = wheelhouse.ensure(spec.tensorflow.version, wheelhouse.packages_for([n.gpus for n in nodes]),
                                log=log) if host else None
-    variables = role_variables(spec, host is not None, wheels)
+    variables = dict(role_variables(spec, host is not None, wheels), tfcluster_image_key=key)
     state.logs.mkdir(parents=True, exist_ok=True)
     with (wheelhouse.serve(wheels, host) if host else nullcontext()) as url:
         if url:
@@ -218,7 +226,7 @@ def bake(spec: RunSpec, builder: Builder, log: Callable[[str], None] = print) ->
     started = time.monotonic()
     try:
         state, nodes, host = builder.start()
-        apply_roles(spec, state, nodes, host, log)
+        apply_roles(spec, state, nodes, host, log, key=builder.inputs.key)
         record = builder.capture()
     finally:
         builder.stop()

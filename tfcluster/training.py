@@ -71,6 +71,7 @@ def configure(spec: RunSpec) -> None:
         "tf_node_train_src": str(TRAIN_DIR),
         "tf_node_bundle": str(bundle),
         "tf_node_bundle_id": bundle_id,
+        "tfcluster_image_keys": provider.image_keys(spec),
     }
     state.logs.mkdir(parents=True, exist_ok=True)
     host = provider.wheelhouse_host(spec)

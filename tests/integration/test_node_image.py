@@ -99,6 +99,14 @@ def test_training_works_on_an_imaged_cluster(imaged, tmp_path):
     configure = re.search(r"configure 3 nodes .*: done in ([\d.]+)s", res.stdout)
     assert configure, res.stdout[-3000:]
     print(f"train on the image: {time.monotonic() - started:.1f}s (configure {configure.group(1)}s)")
+    # the image holds this configuration's image roles: configure skipped them on every node (tf_node ran)
+    log = (home / CLUSTER / "logs" / "configure.log").read_text()
+    for task in ("common : Install base packages",
+                 "tensorflow : Install TensorFlow into the venv from the wheelhouse"):
+        section = log.split(f"TASK [{task}")[-1].split("TASK [")[0]
+        assert sorted(re.findall(r"^(\w+): \[", section, re.M)) == ["skipping"] * 3, section
+    section = log.split("TASK [tf_node : Copy the harness bundle")[-1].split("TASK [")[0]
+    assert len(re.findall(r"^(ok|changed): \[", section, re.M)) == 3, section
     assert "model verified" in res.stdout
     run = json.loads((home / CLUSTER / "run.json").read_text())
     assert run["state"] == "verified", run

@@ -142,3 +142,67 @@ def test_a_bad_image_value_is_refused_naming_the_field_and_what_is_allowed(cache
         for part in ("nodes.worker.image", "tf-9", "'base'", "tf-2.21.0-cpu-0123456789ab"):
             assert part in lines[0], lines[0]
     assert list(home.iterdir()) == []   # nothing created
+
+
+# -- configure on an imaged node: the image roles are skipped where the image holds them ----------------------
+def _site_play() -> dict:
+    import yaml
+
+    return next(p for p in yaml.safe_load((REPO / "playbooks" / "site.yml").read_text()) if "roles" in p)
+
+
+def test_site_yml_skips_only_the_image_roles_and_image_yml_records_the_key():
+    import yaml
+
+    play = _site_play()
+    conditions = {r["role"]: r.get("when") for r in play["roles"]}
+    assert conditions == {"common": "not (tfcluster_image_current | bool)",
+                          "gpu_driver": "not (tfcluster_image_current | bool)",
+                          "tensorflow": "not (tfcluster_image_current | bool)", "tf_node": None}
+    assert set(conditions) - {"tf_node"} == set(baked.IMAGE_ROLES)
+    assert play["pre_tasks"][0]["ansible.builtin.slurp"]["src"] == baked.KEY_FILE
+    (image_play,) = yaml.safe_load((REPO / "playbooks" / baked.PLAYBOOK).read_text())
+    (record,) = image_play["post_tasks"]
+    assert record["ansible.builtin.copy"]["dest"] == baked.KEY_FILE
+    assert "tfcluster_image_key" in record["ansible.builtin.copy"]["content"]
+
+
+@pytest.mark.parametrize("stamp, keys, current", [
+    ("abc123def456\n", {"worker": "abc123def456"}, True),      # the image holds this configuration's roles
+    ("0123456789ab\n", {"worker": "abc123def456"}, False),     # an older image: the roles run (and update it)
+    (None, {"worker": "abc123def456"}, False),                 # a bare image: the roles install everything
+    ("abc123def456\n", {}, False),                             # a provider that gives no key: the roles run
+    ("abc123def456\n", {"chief": "abc123def456"}, False),      # another role's key is not this node's
+])
+def test_the_image_roles_are_skipped_only_when_the_nodes_key_is_this_configurations(tmp_path, stamp, keys,
+                                                                                       current):
+    """site.yml's own pre_tasks, run by Ansible on this machine, with the key file moved to the test's directory."""
+    import subprocess
+
+    import yaml
+
+    from tfcluster import ansible_run
+
+    key_file = tmp_path / "image-key"
+    if stamp is not None:
+        key_file.write_text(stamp)
+    tasks = yaml.safe_load(yaml.safe_dump(_site_play()["pre_tasks"]).replace(baked.KEY_FILE, str(key_file)))
+    tasks.append({"name": "Show", "ansible.builtin.debug": {"msg": "CURRENT={{ tfcluster_image_current | bool }}"}})
+    play = tmp_path / "play.yml"
+    play.write_text(yaml.safe_dump([{"name": "Pre", "hosts": "localhost", "connection": "local",
+                                     "gather_facts": False, "vars": {"tf_role": "worker"}, "tasks": tasks}]))
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps({"tfcluster_image_keys": keys}))
+    res = subprocess.run([str(ansible_run.BIN / "ansible-playbook"), "-i", "localhost,", str(play),
+                          "-e", f"@{extra}"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                         cwd=REPO)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert f"CURRENT={current}" in res.stdout, res.stdout[-2000:]
+
+
+def test_the_local_provider_keys_each_role_it_runs_with_the_image_it_would_bake(tmp_path):
+    state = ClusterState("tfcimg-keys", root=tmp_path)
+    key_now = baked.local_inputs(resolve({}, {})).key
+    assert LocalProvider(state).image_keys(resolve({}, {})) == {"ps": key_now, "worker": key_now, "chief": key_now}
+    assert LocalProvider(state).image_keys(resolve({}, {"strategy": "multi_worker_mirrored"})) == {
+        "worker": key_now, "chief": key_now}

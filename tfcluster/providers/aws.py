@@ -133,6 +133,19 @@ class AwsProvider(TerraformProvider):
                 found[role] = aws_image.find_ami(ec2, aws_image.inputs_for(spec, ec2, role).key) or ""
         return found
 
+    def image_keys(self, spec: RunSpec) -> dict[str, str]:
+        from . import aws_image
+
+        try:
+            ec2 = aws_image.ec2_client(spec)
+            return {role: aws_image.inputs_for(spec, ec2, role).key for role in ROLES if spec.count(role)}
+        except Exception as exc:   # no base AMI to compare with: the roles run (and only check on a baked AMI)
+            from ..cluster import say
+
+            say(f"warning: the baked AMI's key could not be computed ({type(exc).__name__}: {exc}); "
+                "configure runs the image roles on every node")
+            return {}
+
     def inputs(self, spec: RunSpec, public_key: str) -> dict:
         inputs = super().inputs(spec, public_key)
         if self.baked:

@@ -246,6 +246,12 @@ class Provider(ABC):
     def down(self) -> None:
         """Destroy everything the provider created for this cluster."""
 
+    def image_keys(self, spec: RunSpec) -> dict[str, str]:
+        """Per role, the content key (:mod:`tfcluster.baked`) of the image roles as this configuration would
+        bake them: configure skips those roles on a node whose image carries that key (the roles' result is
+        in its image already). ``{}``, the default: the roles run on every node (on an image they only check)."""
+        return {}
+
     def offline_nodes(self, spec: RunSpec) -> bool:
         """Nodes without a route to a package index: TensorFlow comes from the controller's wheelhouse."""
         return self.wheelhouse_host(spec) is not None

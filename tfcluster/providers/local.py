@@ -142,6 +142,10 @@ class LocalProvider(TerraformProvider):
         return {r: baked.layer(found) if spec.count(r) and (found := self.image_for(spec, r)) else ""
                 for r in ROLES}
 
+    def image_keys(self, spec: RunSpec) -> dict[str, str]:
+        key = baked.local_inputs(spec).key
+        return {role: key for role in ROLES if spec.count(role)}
+
     def inputs(self, spec: RunSpec, public_key: str) -> dict:
         return super().inputs(spec, public_key) | {"images": self.layers(spec)}
 
