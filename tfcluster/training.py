@@ -205,18 +205,19 @@ def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: f
     return final
 
 
-def _fetch_logs(state: ClusterState, run_id: str, forks: int, tags: str) -> Path:
+def _fetch_logs(state: ClusterState, run_id: str, forks: int, tags: str) -> bool:
     """Run playbooks/train.yml with these tags (they end by fetching every node's log and state to
     .tfcluster/<cluster>/logs/<run-id>/ and removing the tasks' credentials file); best effort: a failure is
-    reported, not raised."""
+    reported, not raised. True when every node's log was fetched."""
     dest = state.logs / run_id
     dest.mkdir(parents=True, exist_ok=True)
     extra = _extra_vars(state, f"{tags}-vars.json", {"tf_node_logs_dest": str(dest)})
     try:
         ansible_run.playbook(state, "train.yml", extra, forks=forks, log_file=state.logs / "train.log", tags=tags)
+        return True
     except TfclusterError as exc:
         say(f"warning: could not fetch every node's log: {exc}")
-    return dest
+        return False
 
 
 def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
@@ -376,7 +377,7 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
         if interrupted:
             say("interrupted: stopping every task and fetching logs (checkpoints are in S3; "
                 "'make train' resumes, 'make down' removes the cluster)")
-        _finish(spec, state, nodes, run["run_id"], stop_chief=True)
+        _finish(spec, state, nodes, run, stop_chief=True)
         raise
 
 
@@ -385,7 +386,7 @@ def _conclude(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, 
     or a published model), and verify a published one."""
     chief = next(n for n in nodes if n.role == "chief")
     sup, held = final.get("supervisor", {}), final.get("unpublished") or {}
-    logs = _finish(spec, state, nodes, run["run_id"], stop_chief=False)
+    logs = _finish(spec, state, nodes, run, stop_chief=False)
     if sup.get("state") != "succeeded" and held.get("run_id") == run["run_id"]:
         run.update(state=RunState.UNPUBLISHED, held_on=chief.name, held_step=held.get("step"),
                    held_reason=held.get("reason"), held_path=held.get("checkpoints"))
@@ -421,15 +422,20 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return f"(no log at {path})"
 
 
-def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run_id: str, stop_chief: bool) -> Path:
-    """Stop ps and workers (and the chief when asked), then fetch every node's log."""
+def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, stop_chief: bool) -> Path:
+    """Stop ps and workers (and the chief when asked), then fetch every node's log; the record says whether
+    every log was fetched (and every credentials file removed), which ``down`` then need not do again."""
+    stopped = True
     with phase("stop the tasks still serving, fetch logs"):
         if stop_chief:
             try:
                 ansible_run.playbook(state, "stop.yml", None, forks=len(nodes), log_file=state.logs / "train.log")
             except TfclusterError as exc:
+                stopped = False
                 say(f"warning: {exc}")
-        return _fetch_logs(state, run_id, len(nodes), "finish")
+        run["logs_fetched"] = _fetch_logs(state, run["run_id"], len(nodes), "finish") and stopped
+    runrecord.write(state, run)
+    return state.logs / run["run_id"]
 
 
 # -- publish / verify --------------------------------------------------------------------------
@@ -517,6 +523,10 @@ def fetch_logs_before_down(cluster: str) -> None:
         return
     if state.run.stat().st_mtime < state.nodes.stat().st_mtime:
         return  # the record is of a run on an earlier cluster of this name
+    if run.get("logs_fetched"):
+        say(f"run {run['run_id']}: every node's log was fetched (and the credentials removed) when its tasks "
+            f"ended: {state.logs / run['run_id']}")
+        return
     with phase("fetch node logs and remove the tasks' credentials before teardown"):
         _fetch_logs(state, run["run_id"], spec.node_total, "logs")
 

@@ -104,3 +104,28 @@ def test_keys_reach_ansible_only_when_the_tasks_start():
     assert 'env=s3_env(spec), tags="start"' in run_tasks
     main = yaml.safe_load((REPO / "roles/tf_node/tasks/main.yml").read_text())
     assert [t for t in main if "ansible.builtin.copy" in t and "AWS_" in str(t)] == []
+
+
+@pytest.mark.parametrize("fetched", [True, False])
+def test_down_fetches_the_logs_again_only_when_the_runs_finish_did_not(tmp_path, monkeypatch, capsys, fetched):
+    """A run whose finish fetched every log and removed the credentials (after its tasks stopped) is not
+    fetched again before teardown; one whose finish failed or never ran is."""
+    import time
+
+    from tfcluster import runrecord, training
+    from tfcluster.providers.base import write_nodes
+
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
+    state = ClusterState("c")
+    state.dir.mkdir(parents=True)
+    state.spec.write_text("{}")    # the cluster's spec (read through the load_spec below)
+    write_nodes(state.nodes, [Node("c-chief-0", "chief", 0, "10.0.0.10", "10.0.0.10", "debian", 22, 0)])
+    time.sleep(0.01)
+    runrecord.write(state, {"run_id": "r1", "state": "verified", "logs_fetched": fetched})
+    monkeypatch.setattr(training, "load_spec", lambda _state: type("Spec", (), {"node_total": 1})())
+    plays = []
+    monkeypatch.setattr(training.ansible_run, "playbook", lambda _s, name, _e, **kw: plays.append((name, kw["tags"])))
+    training.fetch_logs_before_down("c")
+    assert plays == ([] if fetched else [("train.yml", "logs")])
+    if fetched:
+        assert "every node's log was fetched" in capsys.readouterr().out
