@@ -167,7 +167,7 @@ def cmd_all(args) -> int:
 def cmd_configure(args) -> int:
     from . import training
 
-    training.configure(spec_from_args(args))
+    training.configure(spec_from_args(args), full=args.full)
     return 0
 
 
@@ -299,7 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     _sweep_arg(p, "run the sweep's trials instead of one training run")
     p.add_argument("--force", action="store_true", help="tear down even if a model not yet verified would be lost")
-    _config_args(add("configure", cmd_configure, "configure every node (playbooks/site.yml; idempotent)"))
+    p = add("configure", cmd_configure, "configure every node (playbooks/site.yml; idempotent; skipped when every "
+            "node is configured with this content already)")
+    _config_args(p)
+    p.add_argument("--full", action="store_true", help="run playbooks/site.yml even when every node is configured "
+                   "with this content already")
     p = add("train", cmd_train, "configure, train, publish the model to S3 and verify it")
     _config_args(p)
     p.add_argument("--skip-configure", action="store_true", help="nodes are configured already")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tfc_harness import strategies
 
-from . import access, ansible_run, groups, job, poll, remote, runrecord, store, wheelhouse
+from . import access, ansible_run, configured, groups, job, poll, remote, runrecord, store, wheelhouse
 from .cluster import down as destroy_cluster
 from .cluster import load_spec, phase, say
 from .config import ROLES, RunSpec
@@ -50,8 +50,9 @@ def _extra_vars(state: ClusterState, name: str, data: dict) -> Path:
 
 
 # -- configure ---------------------------------------------------------------------------------
-def configure(spec: RunSpec) -> None:
-    """Run playbooks/site.yml on every node (idempotent)."""
+def configure(spec: RunSpec, full: bool = False) -> None:
+    """Run playbooks/site.yml on every node (idempotent). Skipped when every node was configured with exactly
+    this content already (:mod:`tfcluster.configured`), unless ``full``."""
     state = ClusterState(spec.cluster)
     nodes = _nodes_or_fail(state)
     provider = get_provider(spec.provider, state)
@@ -73,6 +74,15 @@ def configure(spec: RunSpec) -> None:
         "tf_node_bundle_id": bundle_id,
         "tfcluster_image_keys": provider.image_keys(spec),
     }
+    variables["tfcluster_configure_digest"] = wanted = configured.digest(state, variables)
+    before = state.dir / "vars" / "configure-vars.json"   # written by an earlier configure of these nodes
+    if not full and before.exists() and before.stat().st_mtime > state.nodes.stat().st_mtime:
+        with phase(f"check whether {len(nodes)} nodes are configured with this content (digest {wanted})"):
+            current = configured.up_to_date(state, nodes, wanted)
+        if current:
+            say("every node is configured with this content already: nothing to change ('tfcluster configure "
+                "--full' runs playbooks/site.yml anyway)")
+            return
     state.logs.mkdir(parents=True, exist_ok=True)
     host = provider.wheelhouse_host(spec)
     with phase(f"configure {len(nodes)} nodes (playbooks/site.yml, harness {bundle_id})"), \

@@ -119,7 +119,13 @@ def test_tasks_ran_as_an_unprivileged_user_behind_the_node_firewall(home, artifa
 
 
 def test_second_configure_changes_nothing(home, artifacts, trained):
+    # every node holds the digest of what configure would apply: nothing to do, no playbook
     res = tfcluster(home, artifacts, "configure")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "every node is configured with this content already" in res.stdout, res.stdout[-3000:]
+    assert "PLAY RECAP" not in res.stdout
+    # the playbook itself, asked for, finds nothing to change either
+    res = tfcluster(home, artifacts, "configure", "--full")
     assert res.returncode == 0, res.stdout[-4000:]
     recap = re.findall(rf"^\s*({CLUSTER}-\S+)\s+: ok=\d+\s+changed=(\d+)", res.stdout, re.M)
     assert len(recap) == 4 and all(changed == "0" for _, changed in recap), recap

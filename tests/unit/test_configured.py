@@ -1,0 +1,89 @@
+"""Configure is skipped only when every node holds the digest of exactly what it would apply now."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO
+from tfcluster import configured
+from tfcluster.paths import ClusterState
+from tfcluster.providers.base import Node
+
+VARIABLES = {"tensorflow_version": "2.21.0", "tf_node_bundle_id": "abc", "tfcluster_image_keys": {"worker": "k"}}
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch) -> ClusterState:
+    """A cluster state with an inventory, and a copy of the roles and playbooks to edit."""
+    for name in ("roles", "playbooks"):
+        shutil.copytree(REPO / name, tmp_path / "repo" / name)
+    shutil.copy(REPO / "ansible.cfg", tmp_path / "repo")
+    monkeypatch.setattr(configured, "REPO", tmp_path / "repo")
+    monkeypatch.setattr(configured, "ROLES_DIR", tmp_path / "repo" / "roles")
+    monkeypatch.setattr(configured, "PLAYBOOKS_DIR", tmp_path / "repo" / "playbooks")
+    monkeypatch.setattr(configured, "ANSIBLE_CFG", tmp_path / "repo" / "ansible.cfg")
+    st = ClusterState("c", root=tmp_path / "state")
+    st.dir.mkdir(parents=True)
+    st.inventory.write_text("all: {hosts: {c-chief-0: {ansible_host: 10.0.0.10}}}\n")
+    return st
+
+
+def test_the_digest_covers_roles_playbooks_variables_and_inventory(state, tmp_path):
+    first = configured.digest(state, VARIABLES)
+    assert configured.digest(state, dict(VARIABLES)) == first
+    # the wheelhouse's address changes per configure and changes nothing on a node
+    assert configured.digest(state, dict(VARIABLES, tensorflow_wheelhouse_url="http://10.0.0.1:41234/")) == first
+    changes = [
+        lambda: (tmp_path / "repo/roles/tf_node/templates/firewall.nft.j2").write_text("# changed\n"),
+        lambda: (tmp_path / "repo/roles/common/files/new.txt").write_text("new\n"),
+        lambda: (tmp_path / "repo/playbooks/site.yml").write_text("# changed\n"),
+        lambda: (tmp_path / "repo/ansible.cfg").write_text("# changed\n"),
+        lambda: state.inventory.write_text("all: {hosts: {c-chief-0: {ansible_host: 10.0.0.11}}}\n"),
+    ]
+    seen = {first}
+    for change in changes:
+        (tmp_path / "repo/roles/common/files").mkdir(exist_ok=True)
+        change()
+        now = configured.digest(state, VARIABLES)
+        assert now not in seen
+        seen.add(now)
+    for key, value in (("tensorflow_version", "2.20.0"), ("tf_node_bundle_id", "def"),
+                       ("tfcluster_image_keys", {"worker": "other"})):
+        assert configured.digest(state, dict(VARIABLES, **{key: value})) not in seen
+
+
+def _nodes(n: int) -> list[Node]:
+    return [Node(f"c-worker-{i}", "worker", i, f"10.0.0.{10 + i}", f"10.0.0.{10 + i}", "debian", 22, 0)
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("answers, current", [
+    ({"c-worker-0": "d1", "c-worker-1": "d1", "c-worker-2": "d1"}, True),
+    ({"c-worker-0": "d1", "c-worker-1": "d0", "c-worker-2": "d1"}, False),    # one configured with other content
+    ({"c-worker-0": "d1", "c-worker-1": None, "c-worker-2": "d1"}, False),    # one without a stamp
+    ({"c-worker-0": "d1", "c-worker-1": "d1", "c-worker-2": "down"}, False),  # one does not answer
+])
+def test_up_to_date_only_when_every_node_holds_the_digest(state, monkeypatch, answers, current):
+    def fake_run(_state, node, command, timeout):
+        assert command == f"cat {configured.STAMP}"
+        answer = answers[node.name]
+        if answer == "down":
+            return None
+        return subprocess.CompletedProcess([], 0 if answer else 1, stdout=f"{answer or ''}\n", stderr="")
+
+    monkeypatch.setattr(configured.remote, "run", fake_run)
+    assert configured.up_to_date(state, _nodes(3), "d1") is current
+    assert configured.up_to_date(state, [], "d1") is False
+
+
+def test_site_yml_writes_the_stamp_last_and_only_with_a_digest():
+    import yaml
+
+    play = next(p for p in yaml.safe_load((REPO / "playbooks" / "site.yml").read_text()) if "roles" in p)
+    stamp = play["post_tasks"][0]
+    assert stamp["ansible.builtin.copy"]["dest"] == configured.STAMP
+    assert "tfcluster_configure_digest" in stamp["ansible.builtin.copy"]["content"]
+    assert stamp["when"] == "tfcluster_configure_digest | default('') | length > 0"
