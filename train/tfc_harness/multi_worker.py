@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import peers
+from . import peers, steps
 from .errors import HarnessError
 from .strategies import Strategy
 
@@ -66,12 +66,7 @@ class MultiWorkerMirrored(Strategy):
 
         @tf.function
         def train_steps(n):
-            loss = tf.constant(0.0)
-            for _ in tf.range(n):
-                x, y = next(dataset)
-                losses = strategy.run(replica_step, args=(x, y))
-                loss = tf.cast(strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None), tf.float32)
-            return loss
+            return steps.run_steps(strategy, replica_step, dataset, n)
 
         def train(n: int) -> list[float]:
             """Run ``n`` synchronous steps on every task; the last step's loss, averaged over the tasks."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import inputs, s3io, server
+from . import inputs, s3io, server, steps
 from .strategies import Strategy
 
 LOSS_SAMPLES = 8              # remote losses fetched per train(n) call
@@ -86,12 +86,7 @@ class ParameterServer(Strategy):
 
         @tf.function
         def train_steps(iterator, k):
-            loss = tf.constant(0.0)
-            for _ in tf.range(k):
-                x, y = next(iterator)
-                losses = strategy.run(replica_step, args=(x, y))
-                loss = tf.cast(strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None), tf.float32)
-            return loss
+            return steps.run_steps(strategy, replica_step, iterator, k)
 
         def train(n: int) -> list[float]:
             """Schedule ``n`` steps, several per function, on whichever workers are free; wait for all; fetch

@@ -2,7 +2,8 @@
 
 :func:`make_replica_step` returns ``replica_step(x, y) -> loss``: forward pass, the module's loss (its mean
 over the batch, plus the model's own regularisation losses), gradients, optimizer update.  A strategy
-(:mod:`tfc_harness.strategies`) decides where it runs and how steps are dispatched.
+(:mod:`tfc_harness.strategies`) decides where it runs and how steps are dispatched; :func:`run_steps` is the
+loop of several steps a strategy's function runs.
 """
 
 from __future__ import annotations
@@ -27,3 +28,16 @@ def make_replica_step(model, optimizer, loss):
         return value
 
     return replica_step
+
+
+def run_steps(strategy, replica_step, iterator, n):
+    """Inside a ``tf.function``: ``n`` steps of ``replica_step`` under ``strategy``, each on the next batch of
+    ``iterator``; returns the last step's loss, the mean over the replicas (float32)."""
+    import tensorflow as tf
+
+    loss = tf.constant(0.0)
+    for _ in tf.range(n):
+        x, y = next(iterator)
+        losses = strategy.run(replica_step, args=(x, y))
+        loss = tf.cast(strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None), tf.float32)
+    return loss
