@@ -94,7 +94,8 @@ class Inputs:
         return f"{self.name}-{self.key}"
 
 
-def _digest_files(paths: list[Path], root: Path) -> str:
+def digest_files(paths: list[Path], root: Path) -> str:
+    """One digest of files: each one's path below ``root``, executable bits and content."""
     digest = hashlib.sha256()
     for path in sorted(paths):
         rel = path.relative_to(root).as_posix()
@@ -109,7 +110,7 @@ def roles_digest(roles_dir: Path = ROLES_DIR, playbook: Path = REPO / "playbooks
     files = [p for role in IMAGE_ROLES for p in (roles_dir / role).rglob("*")
              if p.is_file() and "locks" not in p.relative_to(roles_dir / role).parts]
     files.append(playbook)
-    return _digest_files(files, roles_dir.parent)
+    return digest_files(files, roles_dir.parent)
 
 
 def _sha256(path: Path) -> str:

@@ -15,7 +15,7 @@ import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-from . import remote
+from . import baked, remote
 from .paths import ANSIBLE_CFG, PLAYBOOKS_DIR, REPO, ROLES_DIR, ClusterState
 from .providers.base import Node
 
@@ -27,10 +27,8 @@ VOLATILE = ("tensorflow_wheelhouse_url",)
 
 def digest(state: ClusterState, variables: dict) -> str:
     """The digest of what a configure of ``state``'s nodes with ``variables`` applies."""
-    h = hashlib.sha256()
-    files = sorted(p for p in [*ROLES_DIR.rglob("*"), *PLAYBOOKS_DIR.glob("*.yml"), ANSIBLE_CFG] if p.is_file())
-    for path in files:
-        h.update(f"{path.relative_to(REPO).as_posix()}\0".encode() + hashlib.sha256(path.read_bytes()).digest())
+    files = [p for p in [*ROLES_DIR.rglob("*"), *PLAYBOOKS_DIR.glob("*.yml"), ANSIBLE_CFG] if p.is_file()]
+    h = hashlib.sha256(baked.digest_files(files, REPO).encode())
     h.update(json.dumps({k: v for k, v in variables.items() if k not in VOLATILE}, sort_keys=True).encode())
     h.update(state.inventory.read_bytes())
     return h.hexdigest()[:16]
