@@ -82,7 +82,7 @@ class ParameterServer(Strategy):
 
         strategy, coordinator = self.tf_strategy, self.coordinator
 
-        dispatch = self.dispatch = Dispatch(self.settings.num_workers)
+        dispatch = Dispatch(self.settings.num_workers)
 
         @tf.function
         def train_steps(iterator, k):
