@@ -43,4 +43,9 @@ def test_the_halt_command_rearms_shutdown_and_records_the_time_for_a_reboot():
 
 def test_the_halt_comes_after_the_task_started():
     names = [t["name"] for t in yaml.safe_load(START.read_text())]
-    assert names.index("Start the task under its supervisor") < names.index(_halt_task()["name"])
+    starts = [i for i, name in enumerate(names) if name.startswith(("Start the task under its supervisor",
+                                                                     "Start the chief's task under its supervisor"))]
+    assert len(starts) == 2 and max(starts) < names.index(_halt_task()["name"])
+    # the chief's task starts in the task after the others' (every node runs the file in step: the chief last)
+    tasks = yaml.safe_load(START.read_text())
+    assert [tasks[i]["when"] for i in starts] == ["tf_role != 'chief'", "tf_role == 'chief'"]
