@@ -54,11 +54,13 @@ def as_root(node: Node, command: str) -> str:
     return command if node.ssh_user == "root" else f"sudo -n {command}"
 
 
-def run(state: ClusterState, node: Node, command: str, timeout: float = 30) -> subprocess.CompletedProcess | None:
-    """Run a command on a node with root's rights; None when the node does not answer (ssh's own exit
-    status 255, or nothing within the timeout)."""
+def run(state: ClusterState, node: Node, command: str, timeout: float = 30,
+        root: bool = True) -> subprocess.CompletedProcess | None:
+    """Run a command on a node with root's rights (``root=False``: as the login user, without sudo's start);
+    None when the node does not answer (ssh's own exit status 255, or nothing within the timeout)."""
     try:
-        res = subprocess.run(ssh_command(state, node, as_root(node, command)), capture_output=True, text=True,
+        res = subprocess.run(ssh_command(state, node, as_root(node, command) if root else command),
+                             capture_output=True, text=True,
                              timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return None

@@ -145,24 +145,33 @@ def test_a_bad_image_value_is_refused_naming_the_field_and_what_is_allowed(cache
 
 
 # -- configure on an imaged node: the image roles are skipped where the image holds them ----------------------
-def _site_play() -> dict:
+def _site_plays() -> dict:
+    """site.yml's plays by name (the boilerplate import left out)."""
     import yaml
 
-    return next(p for p in yaml.safe_load((REPO / "playbooks" / "site.yml").read_text()) if "roles" in p)
+    return {p["name"]: p for p in yaml.safe_load((REPO / "playbooks" / "site.yml").read_text()) if "hosts" in p}
 
 
-def test_site_yml_skips_only_the_image_roles_and_image_yml_records_the_key():
+SORT_PLAY = "Sort the nodes by what their image holds"
+IMAGE_ROLES_PLAY = "Install what the node's image lacks (bare or older images)"
+
+
+def test_site_yml_applies_the_image_roles_only_to_nodes_sorted_out_and_image_yml_records_the_key():
     import yaml
 
-    play = _site_play()
-    conditions = {r["role"]: r.get("when") for r in play["roles"]}
-    assert conditions == {"common": "not (tfcluster_image_current | bool)",
-                          "gpu_driver": "not (tfcluster_image_current | bool)",
-                          "tensorflow": "not (tfcluster_image_current | bool)", "tf_node": None}
-    assert set(conditions) - {"tf_node"} == set(baked.IMAGE_ROLES)
-    assert play["pre_tasks"][0]["ansible.builtin.slurp"]["src"] == baked.KEY_FILE
-    (image_play,) = yaml.safe_load((REPO / "playbooks" / baked.PLAYBOOK).read_text())
-    (record,) = image_play["post_tasks"]
+    plays = _site_plays()
+    names = list(plays)
+    assert names.index(SORT_PLAY) < names.index(IMAGE_ROLES_PLAY) < names.index("Configure tfcluster nodes")
+    sort_tasks = plays[SORT_PLAY]["tasks"]
+    assert sort_tasks[0]["ansible.builtin.slurp"]["src"] == baked.KEY_FILE
+    group_key = sort_tasks[-1]["ansible.builtin.group_by"]["key"]
+    image_play = plays[IMAGE_ROLES_PLAY]
+    assert image_play["hosts"] in group_key and image_play["gather_facts"] is True
+    assert [r["role"] for r in image_play["roles"]] == list(baked.IMAGE_ROLES)
+    tf_node_play = plays["Configure tfcluster nodes"]
+    assert tf_node_play["hosts"] == "all" and [r["role"] for r in tf_node_play["roles"]] == ["tf_node"]
+    (baking,) = yaml.safe_load((REPO / "playbooks" / baked.PLAYBOOK).read_text())
+    (record,) = baking["post_tasks"]
     assert record["ansible.builtin.copy"]["dest"] == baked.KEY_FILE
     assert "tfcluster_image_key" in record["ansible.builtin.copy"]["content"]
 
@@ -176,7 +185,8 @@ def test_site_yml_skips_only_the_image_roles_and_image_yml_records_the_key():
 ])
 def test_the_image_roles_are_skipped_only_when_the_nodes_key_is_this_configurations(tmp_path, stamp, keys,
                                                                                        current):
-    """site.yml's own pre_tasks, run by Ansible on this machine, with the key file moved to the test's directory."""
+    """site.yml's own sorting tasks, run by Ansible on this machine, with the key file moved to the test's
+    directory: the node lands in the group that the image roles' play targets unless its key is current."""
     import subprocess
 
     import yaml
@@ -186,8 +196,11 @@ def test_the_image_roles_are_skipped_only_when_the_nodes_key_is_this_configurati
     key_file = tmp_path / "image-key"
     if stamp is not None:
         key_file.write_text(stamp)
-    tasks = yaml.safe_load(yaml.safe_dump(_site_play()["pre_tasks"]).replace(baked.KEY_FILE, str(key_file)))
-    tasks.append({"name": "Show", "ansible.builtin.debug": {"msg": "CURRENT={{ tfcluster_image_current | bool }}"}})
+    plays = _site_plays()
+    tasks = yaml.safe_load(yaml.safe_dump(plays[SORT_PLAY]["tasks"]).replace(baked.KEY_FILE, str(key_file)))
+    target = plays[IMAGE_ROLES_PLAY]["hosts"]
+    tasks.append({"name": "Show", "ansible.builtin.debug": {
+        "msg": f"CURRENT={{{{ tfcluster_image_current | bool }}}} ROLES={{{{ '{target}' in group_names }}}}"}})
     play = tmp_path / "play.yml"
     play.write_text(yaml.safe_dump([{"name": "Pre", "hosts": "localhost", "connection": "local",
                                      "gather_facts": False, "vars": {"tf_role": "worker"}, "tasks": tasks}]))
@@ -197,7 +210,7 @@ def test_the_image_roles_are_skipped_only_when_the_nodes_key_is_this_configurati
                           "-e", f"@{extra}"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
                          cwd=REPO)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert f"CURRENT={current}" in res.stdout, res.stdout[-2000:]
+    assert f"CURRENT={current} ROLES={not current}" in res.stdout, res.stdout[-2000:]
 
 
 def test_the_local_provider_keys_each_role_it_runs_with_the_image_it_would_bake(tmp_path):

@@ -67,8 +67,8 @@ def _nodes(n: int) -> list[Node]:
     ({"c-worker-0": "d1", "c-worker-1": "d1", "c-worker-2": "down"}, False),  # one does not answer
 ])
 def test_up_to_date_only_when_every_node_holds_the_digest(state, monkeypatch, answers, current):
-    def fake_run(_state, node, command, timeout):
-        assert command == f"cat {configured.STAMP}"
+    def fake_run(_state, node, command, timeout, root=True):
+        assert command == f"cat {configured.STAMP}" and root is False   # the stamp is 0644: read without sudo
         answer = answers[node.name]
         if answer == "down":
             return None
@@ -82,7 +82,8 @@ def test_up_to_date_only_when_every_node_holds_the_digest(state, monkeypatch, an
 def test_site_yml_writes_the_stamp_last_and_only_with_a_digest():
     import yaml
 
-    play = next(p for p in yaml.safe_load((REPO / "playbooks" / "site.yml").read_text()) if "roles" in p)
+    play = next(p for p in yaml.safe_load((REPO / "playbooks" / "site.yml").read_text()) if "post_tasks" in p)
+    assert [r["role"] for r in play["roles"]] == ["tf_node"] and play["hosts"] == "all"
     stamp = play["post_tasks"][0]
     assert stamp["ansible.builtin.copy"]["dest"] == configured.STAMP
     assert "tfcluster_configure_digest" in stamp["ansible.builtin.copy"]["content"]
