@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from tfc_harness import strategies
@@ -205,7 +206,7 @@ class ChiefWatch:
             self.last_line = line
 
 
-def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 2.0,
+def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 1.0,
                    streamers: list[Node] = ()) -> dict:
     """Poll the chief's status and print progress until its task ends; return the last status.
     ``streamers``: the tasks streaming files from S3, whose summed read rate the progress line shows."""
@@ -215,7 +216,7 @@ def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: f
     return final
 
 
-def _fetch_logs(state: ClusterState, run_id: str, forks: int, tags: str) -> bool:
+def _fetch_logs(state: ClusterState, run_id: str, forks: int, tags: str, console: bool = True) -> bool:
     """Run playbooks/train.yml with these tags (they end by fetching every node's log and state to
     .tfcluster/<cluster>/logs/<run-id>/ and removing the tasks' credentials file); best effort: a failure is
     reported, not raised. True when every node's log was fetched."""
@@ -223,7 +224,8 @@ def _fetch_logs(state: ClusterState, run_id: str, forks: int, tags: str) -> bool
     dest.mkdir(parents=True, exist_ok=True)
     extra = _extra_vars(state, f"{tags}-vars.json", {"tf_node_logs_dest": str(dest)})
     try:
-        ansible_run.playbook(state, "train.yml", extra, forks=forks, log_file=state.logs / "train.log", tags=tags)
+        ansible_run.playbook(state, "train.yml", extra, forks=forks, log_file=state.logs / "train.log", tags=tags,
+                             console=console, mitogen=False)
         return True
     except TfclusterError as exc:
         say(f"warning: could not fetch every node's log: {exc}")
@@ -392,12 +394,18 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
 
 
 def _conclude(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, final: dict) -> dict:
-    """The chief's task has ended: fetch logs, then record what it left (a model kept on the node, a failure,
-    or a published model), and verify a published one."""
+    """The chief's task has ended: a published model is verified while the other tasks are stopped and the
+    logs fetched; otherwise the logs are fetched first, then what the chief left is recorded (a model kept on
+    the node, a preemption, a failure)."""
     chief = next(n for n in nodes if n.role == "chief")
     sup, held = final.get("supervisor", {}), final.get("unpublished") or {}
+    if sup.get("state") == "succeeded":
+        run.update(state=RunState.UNVERIFIED, publish_seconds=(final.get("task") or {}).get("publish_seconds"))
+        runrecord.write(state, run)
+        with _finishing_beside(state, nodes, run):
+            return verify(spec, run)
     logs = _finish(spec, state, nodes, run, stop_chief=False)
-    if sup.get("state") != "succeeded" and held.get("run_id") == run["run_id"]:
+    if held.get("run_id") == run["run_id"]:
         run.update(state=RunState.UNPUBLISHED, held_on=chief.name, held_step=held.get("step"),
                    held_reason=held.get("reason"), held_path=held.get("checkpoints"))
         runrecord.write(state, run)
@@ -414,15 +422,11 @@ def _conclude(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, 
             f"the run was preempted at step {step}: {(final.get('task') or {}).get('error', 'a notice')}. That step "
             f"is checkpointed in S3; run 'make train' to resume from it (if the provider took nodes away: "
             f"'make down' and 'make up' first, then 'make train')")
-    if sup.get("state") != "succeeded":
-        run["state"] = RunState.FAILED
-        runrecord.write(state, run)
-        raise TfclusterError(f"training failed: the chief's task ended '{sup.get('state')}' "
-                             f"(exit {sup.get('exit_code')}, restarts {sup.get('restarts', 0)}); logs in {logs}\n"
-                             + _log_tail(logs / chief.name / "node.log"))
-    run.update(state=RunState.UNVERIFIED, publish_seconds=(final.get("task") or {}).get("publish_seconds"))
+    run["state"] = RunState.FAILED
     runrecord.write(state, run)
-    return verify(spec, run)
+    raise TfclusterError(f"training failed: the chief's task ended '{sup.get('state')}' "
+                         f"(exit {sup.get('exit_code')}, restarts {sup.get('restarts', 0)}); logs in {logs}\n"
+                         + _log_tail(logs / chief.name / "node.log"))
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -439,13 +443,40 @@ def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, st
     with phase("stop the tasks still serving, fetch logs"):
         if stop_chief:
             try:
-                ansible_run.playbook(state, "stop.yml", None, forks=len(nodes), log_file=state.logs / "train.log")
+                ansible_run.playbook(state, "stop.yml", None, forks=len(nodes), log_file=state.logs / "train.log",
+                                     mitogen=False)
             except TfclusterError as exc:
                 stopped = False
                 say(f"warning: {exc}")
         run["logs_fetched"] = _fetch_logs(state, run["run_id"], len(nodes), "finish") and stopped
     runrecord.write(state, run)
     return state.logs / run["run_id"]
+
+
+@contextmanager
+def _finishing_beside(state: ClusterState, nodes: list[Node], run: dict):
+    """Stop the tasks still serving and fetch every node's log in a thread while the body runs (the published
+    model's verification: it reads S3 only, and its TensorFlow start overlaps the playbook's SSH work, ~3 s
+    of a run here). The playbook's console output is held back (train.log has it); the record says whether
+    every log was fetched once both are done. The thread never touches ``run``: only this one writes it."""
+    outcome: dict = {}
+
+    def work() -> None:
+        started = time.monotonic()
+        outcome["fetched"] = _fetch_logs(state, run["run_id"], len(nodes), "finish", console=False)
+        outcome["seconds"] = time.monotonic() - started
+
+    say("stopping the tasks still serving and fetching logs while the model is verified")
+    worker = threading.Thread(target=work, name="finish", daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        worker.join()
+        run["logs_fetched"] = outcome.get("fetched", False)
+        runrecord.write(state, run)
+        say(f"stop the tasks still serving, fetch logs: done in {outcome.get('seconds', 0.0):.1f}s "
+            f"({'every node' if run['logs_fetched'] else 'not every node'}: {state.logs / run['run_id']})")
 
 
 # -- publish / verify --------------------------------------------------------------------------

@@ -71,7 +71,8 @@ def main(raw_settings: dict) -> int:
 def end_now(code: int) -> None:
     """End the process at once, its output flushed: after a synchronous run the interpreter's own shutdown
     waits for TensorFlow's coordination service, which stalls or fails once a peer has ended first (seen:
-    workers done and still alive after the chief had exited).  Everything the run leaves is written by now."""
+    workers done and still alive after the chief had exited); after a parameter-server run it spends about a
+    second tearing TensorFlow down.  Everything the run leaves is written by now."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -1,0 +1,81 @@
+"""Which Ansible strategy tfcluster runs each playbook with (tfcluster/ansible_run.py): mitogen's for the long
+ones, Ansible's own for the first contact with new nodes and for the short playbooks, and whatever the user's
+ANSIBLE_STRATEGY says when it is set."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tfcluster import ansible_run, training
+from tfcluster.paths import ClusterState
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
+    monkeypatch.delenv("ANSIBLE_STRATEGY", raising=False)
+    st = ClusterState("c")
+    st.dir.mkdir(parents=True)
+    return st
+
+
+def test_mitogen_is_installed_and_its_strategy_plugin_is_where_ansible_is_told(state):
+    env = ansible_run.environment(state)
+    assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
+    assert (Path(env["ANSIBLE_STRATEGY_PLUGINS"]) / "mitogen_linear.py").is_file()
+    plain = ansible_run.environment(state, mitogen=False)
+    assert "ANSIBLE_STRATEGY" not in plain and "ANSIBLE_STRATEGY_PLUGINS" not in plain
+
+
+def test_a_strategy_the_user_set_is_kept(state, monkeypatch):
+    monkeypatch.setenv("ANSIBLE_STRATEGY", "linear")
+    env = ansible_run.environment(state)
+    assert env["ANSIBLE_STRATEGY"] == "linear" and "ANSIBLE_STRATEGY_PLUGINS" not in env
+
+
+PARENT_PLAY = """\
+- name: Show what runs the modules
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Read the command line of the process that ran this command
+      ansible.builtin.shell: "tr '\\\\0' ' ' < /proc/$PPID/cmdline"
+      register: parent
+      changed_when: false
+    - name: Show it
+      ansible.builtin.debug:
+        msg: "PARENT={{ parent.stdout }}"
+"""
+
+
+@pytest.mark.parametrize("mitogen", [True, False])
+def test_ansible_runs_the_modules_in_mitogens_interpreter_only_when_asked(state, tmp_path, mitogen):
+    """The plugin loads in this venv's Ansible and runs a play on the controller itself: a command's parent is
+    mitogen's persistent interpreter (named ``python3(mitogen:...)``), or Ansible's per-task module wrapper."""
+    play = tmp_path / "play.yml"
+    play.write_text(PARENT_PLAY)
+    res = subprocess.run([str(ansible_run.BIN / "ansible-playbook"), "-i", "localhost,", str(play)],
+                         capture_output=True, text=True, env=ansible_run.environment(state, mitogen=mitogen),
+                         timeout=120, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    parent = re.search(r'"PARENT=(.*)"', res.stdout)
+    assert parent, res.stdout[-2000:]
+    assert ("(mitogen:" in parent.group(1)) is mitogen, parent.group(1)
+
+
+def test_first_contact_and_the_short_playbooks_run_without_mitogen(state, monkeypatch):
+    seen = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: seen.append(kw["env"]) or
+                        subprocess.CompletedProcess(cmd, 0, "", ""))
+    ansible_run.ping(state)
+    assert "ANSIBLE_STRATEGY" not in seen[-1]    # mitogen would check the new nodes' host keys strictly
+
+    calls = []
+    monkeypatch.setattr(ansible_run, "playbook", lambda _s, name, _e, **kw: calls.append((name, kw)) or {})
+    training._fetch_logs(state, "r1", 4, "finish")
+    assert calls[-1][0] == "train.yml" and calls[-1][1]["mitogen"] is False

@@ -1,0 +1,85 @@
+"""A published run's conclusion: the model is verified while the tasks still serving are stopped and the logs
+fetched (training._conclude), and the record says whether every log was fetched, whatever verification
+found."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tfcluster import runrecord, training
+from tfcluster.errors import TfclusterError
+from tfcluster.paths import ClusterState
+from tfcluster.providers.base import Node
+
+NODES = [Node("c-chief-0", "chief", 0, "10.0.0.10", "10.0.0.10", "debian", 22, 0),
+         Node("c-worker-0", "worker", 0, "10.0.0.11", "10.0.0.11", "debian", 22, 0)]
+SUCCEEDED = {"supervisor": {"state": "succeeded"}, "task": {"publish_seconds": 0.4}}
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
+    st = ClusterState("c")
+    st.dir.mkdir(parents=True)
+    return st
+
+
+def _record_spans(monkeypatch, verify_result):
+    """Fake fetch (0.3 s) and verify (0.3 s, returning or raising ``verify_result``), recording their spans."""
+    spans: dict[str, tuple[float, float]] = {}
+
+    def fetch(_state, run_id, forks, tags, console=True):
+        started = time.monotonic()
+        time.sleep(0.3)
+        spans["fetch"] = (started, time.monotonic())
+        assert (tags, console, forks) == ("finish", False, len(NODES))
+        return True
+
+    def verify(_spec, run):
+        started = time.monotonic()
+        time.sleep(0.3)
+        spans["verify"] = (started, time.monotonic())
+        spans["verify_thread"] = threading.current_thread() is threading.main_thread()
+        if isinstance(verify_result, Exception):
+            raise verify_result
+        run["state"] = runrecord.RunState.VERIFIED
+        return run
+
+    monkeypatch.setattr(training, "_fetch_logs", fetch)
+    monkeypatch.setattr(training, "verify", verify)
+    return spans
+
+
+def test_a_published_model_is_verified_while_the_logs_are_fetched(state, monkeypatch, capsys):
+    spans = _record_spans(monkeypatch, None)
+    run = {"run_id": "r1", "state": "started"}
+    out = training._conclude(None, state, NODES, run, SUCCEEDED)
+    assert out["state"] == "verified" and spans["verify_thread"] is True
+    (f0, f1), (v0, v1) = spans["fetch"], spans["verify"]
+    assert f0 < v1 and v0 < f1, spans            # the two ran at the same time
+    saved = runrecord.read(state)
+    assert saved["state"] == "verified" and saved["logs_fetched"] is True and saved["publish_seconds"] == 0.4
+    assert "stop the tasks still serving, fetch logs: done in" in capsys.readouterr().out
+
+
+def test_the_fetch_is_waited_for_and_recorded_when_verification_fails(state, monkeypatch):
+    spans = _record_spans(monkeypatch, TfclusterError("verification failed"))
+    run = {"run_id": "r1", "state": "started"}
+    with pytest.raises(TfclusterError, match="verification failed"):
+        training._conclude(None, state, NODES, run, SUCCEEDED)
+    assert "fetch" in spans                       # finished before the error went on
+    saved = runrecord.read(state)
+    assert saved["logs_fetched"] is True and saved["state"] == "unverified"
+
+
+def test_a_failed_run_fetches_the_logs_before_it_reports(state, monkeypatch):
+    calls = []
+    monkeypatch.setattr(training, "_fetch_logs", lambda *a, **kw: calls.append(kw) or True)
+    monkeypatch.setattr(training, "verify", lambda *a: pytest.fail("a failed run is not verified"))
+    run = {"run_id": "r1", "state": "started"}
+    with pytest.raises(TfclusterError, match="training failed: the chief's task ended 'failed'"):
+        training._conclude(None, state, NODES, run, {"supervisor": {"state": "failed", "exit_code": 1}})
+    assert calls == [{}] and runrecord.read(state)["state"] == "failed"
