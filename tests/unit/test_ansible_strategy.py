@@ -79,3 +79,21 @@ def test_first_contact_and_the_short_playbooks_run_without_mitogen(state, monkey
     monkeypatch.setattr(ansible_run, "playbook", lambda _s, name, _e, **kw: calls.append((name, kw)) or {})
     training._fetch_logs(state, "r1", 4, "finish")
     assert calls[-1][0] == "train.yml" and calls[-1][1]["mitogen"] is False
+
+
+def test_every_play_that_applies_an_image_role_runs_with_ansibles_own_linear_strategy():
+    """The apt module installs python3-apt on a bare node and runs again under it, which mitogen's persistent
+    interpreter cannot: plays applying common, gpu_driver or tensorflow name Ansible's linear strategy."""
+    import yaml
+
+    from tfcluster import baked
+    from tfcluster.paths import PLAYBOOKS_DIR, REPO
+
+    seen = 0
+    for path in [*PLAYBOOKS_DIR.glob("*.yml"), *(REPO / "tests" / "integration").glob("*.yml")]:
+        for play in yaml.safe_load(path.read_text()) or []:
+            roles = {r["role"] if isinstance(r, dict) else r for r in play.get("roles", [])}
+            if roles & set(baked.IMAGE_ROLES):
+                seen += 1
+                assert play.get("strategy") == "linear", f"{path.name}: play {play.get('name')!r}"
+    assert seen >= 4    # site.yml, image.yml and the two role test playbooks
