@@ -35,13 +35,13 @@ def mitogen_strategy() -> dict[str, str]:
     venv, whose path only this venv knows, so it is set here rather than in ansible.cfg): one Python
     interpreter per node kept for the whole playbook, instead of a module upload and a Python start per task
     (configure of 4 imaged nodes: 11.4 s → 8.5 s measured here). Empty where mitogen is not installed:
-    Ansible's own ``linear`` strategy then runs the same plays, as it does when ``ANSIBLE_STRATEGY`` is set
-    (``ANSIBLE_STRATEGY=linear`` to compare or to debug without mitogen)."""
+    Ansible's own ``linear`` strategy then runs the same plays. An ``ANSIBLE_STRATEGY`` of the user's wins
+    (``ANSIBLE_STRATEGY=linear`` to compare or to debug without mitogen); the plugin path is set anyway."""
     found = importlib.util.find_spec("ansible_mitogen")
-    if found is None or not found.origin or os.environ.get("ANSIBLE_STRATEGY"):
+    if found is None or not found.origin:
         return {}
-    return {"ANSIBLE_STRATEGY_PLUGINS": str(Path(found.origin).parent / "plugins" / "strategy"),
-            "ANSIBLE_STRATEGY": "mitogen_linear"}
+    plugins = {"ANSIBLE_STRATEGY_PLUGINS": str(Path(found.origin).parent / "plugins" / "strategy")}
+    return plugins if os.environ.get("ANSIBLE_STRATEGY") else dict(plugins, ANSIBLE_STRATEGY="mitogen_linear")
 
 
 def environment(state: ClusterState, extra: dict[str, str] | None = None, mitogen: bool = True) -> dict[str, str]:
@@ -74,7 +74,8 @@ def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None
              forks: int = 32, log_file: Path | None = None, env: dict[str, str] | None = None,
              tags: str | None = None, console: bool = True, mitogen: bool = True) -> dict[str, dict[str, int]]:
     """Run ``playbooks/<name>``, streaming its output (and teeing it to log_file); ``console=False`` shows
-    only failures (a playbook run beside other work that has the console).
+    only failures and runs it in a session of its own (a playbook run beside other work that has the
+    console and takes Ctrl-C).
 
     ``mitogen=False`` for a playbook of a few tasks a node: mitogen's start (an interpreter per node) then
     costs more than it saves, and Ansible's own strategy reuses the SSH control sockets that the status polls
@@ -92,8 +93,11 @@ def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None
     log = open(log_file, "a") if log_file else None
     try:
         # stdin: Ansible needs none, and refuses to start on a non-blocking one (a background job's)
+        # console=False runs beside other work: in a session of its own, so that a Ctrl-C meant for that work
+        # does not end it halfway (the caller waits for it either way)
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=environment(state, env, mitogen), bufsize=1)
+                                text=True, env=environment(state, env, mitogen), bufsize=1,
+                                start_new_session=not console)
         assert proc.stdout is not None
         in_failure, recap = False, {}
         for line in proc.stdout:

@@ -59,6 +59,9 @@ def render(state: ClusterState, nodes: list[Node], tf_port: int, strategy: str) 
                 "ansible_python_interpreter": NODE_PYTHON,
                 "ansible_ssh_private_key_file": str(state.ssh_key),
                 "ansible_ssh_common_args": shlex.join(remote.cluster_options(state)),
+                # mitogen's SSH keep-alives as ansible.cfg's: a link that went down ends a play in ~30 s
+                "mitogen_ssh_keepalive_interval": remote.keepalive()[0],
+                "mitogen_ssh_keepalive_count": remote.keepalive()[1],
                 "tfcluster_cluster": state.cluster,
                 "tf_cluster_spec": cluster_spec(nodes, tf_port),
                 "tf_strategy": strategy,

@@ -35,6 +35,13 @@ def general_options() -> tuple[str, ...]:
     return tuple(shlex.split(cfg.get("ssh_connection", "ssh_args", fallback="")))
 
 
+def keepalive() -> tuple[int, int]:
+    """``ServerAliveInterval`` and ``ServerAliveCountMax`` of ansible.cfg's ssh_args, for mitogen's SSH, which
+    puts its own (30 s x 10) ahead of ssh_args, where ssh would keep them (the first value wins)."""
+    opts = dict(o.split("=", 1) for o in general_options() if "=" in o)
+    return int(opts.get("ServerAliveInterval", 10)), int(opts.get("ServerAliveCountMax", 3))
+
+
 def cluster_options(state: ClusterState) -> list[str]:
     """The cluster's own SSH options: its known_hosts (new hosts accepted once, then checked), no agent keys."""
     return ["-o", f"UserKnownHostsFile={state.known_hosts}", "-o", "StrictHostKeyChecking=accept-new",

@@ -242,6 +242,8 @@ def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
     run = runrecord.read(state)
     if run.get("state") == RunState.UNVERIFIED:
         say(f"run {run['run_id']} was published but not verified yet: verifying it")
+        if run.get("logs_fetched") is False:   # its finish was cut short: tasks may still serve, keys be there
+            _finish(spec, state, nodes, run, stop_chief=False)
         return verify(spec, run)
     with phase("check the training job and its data"):   # before the slow configure: bad data fails fast
         prepared = job.prepare(spec)
@@ -400,7 +402,10 @@ def _conclude(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, 
     chief = next(n for n in nodes if n.role == "chief")
     sup, held = final.get("supervisor", {}), final.get("unpublished") or {}
     if sup.get("state") == "succeeded":
-        run.update(state=RunState.UNVERIFIED, publish_seconds=(final.get("task") or {}).get("publish_seconds"))
+        # logs_fetched False until the finish beside the verification says otherwise: a run left so (a second
+        # Ctrl-C) is finished by the next train before it is verified, and down fetches its logs again
+        run.update(state=RunState.UNVERIFIED, publish_seconds=(final.get("task") or {}).get("publish_seconds"),
+                   logs_fetched=False)
         runrecord.write(state, run)
         with _finishing_beside(state, nodes, run):
             return verify(spec, run)
@@ -463,8 +468,12 @@ def _finishing_beside(state: ClusterState, nodes: list[Node], run: dict):
 
     def work() -> None:
         started = time.monotonic()
-        outcome["fetched"] = _fetch_logs(state, run["run_id"], len(nodes), "finish", console=False)
-        outcome["seconds"] = time.monotonic() - started
+        try:
+            outcome["fetched"] = _fetch_logs(state, run["run_id"], len(nodes), "finish", console=False)
+        except Exception as exc:   # not a failed playbook (that is reported by _fetch_logs): e.g. a full disk
+            outcome["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            outcome["seconds"] = time.monotonic() - started
 
     say("stopping the tasks still serving and fetching logs while the model is verified")
     worker = threading.Thread(target=work, name="finish", daemon=True)
@@ -475,6 +484,8 @@ def _finishing_beside(state: ClusterState, nodes: list[Node], run: dict):
         worker.join()
         run["logs_fetched"] = outcome.get("fetched", False)
         runrecord.write(state, run)
+        if outcome.get("error"):
+            say(f"warning: could not fetch every node's log: {outcome['error']}")
         say(f"stop the tasks still serving, fetch logs: done in {outcome.get('seconds', 0.0):.1f}s "
             f"({'every node' if run['logs_fetched'] else 'not every node'}: {state.logs / run['run_id']})")
 

@@ -31,10 +31,41 @@ def test_mitogen_is_installed_and_its_strategy_plugin_is_where_ansible_is_told(s
     assert "ANSIBLE_STRATEGY" not in plain and "ANSIBLE_STRATEGY_PLUGINS" not in plain
 
 
-def test_a_strategy_the_user_set_is_kept(state, monkeypatch):
-    monkeypatch.setenv("ANSIBLE_STRATEGY", "linear")
+@pytest.mark.parametrize("mine", ["linear", "mitogen_free"])
+def test_a_strategy_the_user_set_is_kept_and_finds_mitogens_plugins(state, monkeypatch, mine):
+    monkeypatch.setenv("ANSIBLE_STRATEGY", mine)
     env = ansible_run.environment(state)
-    assert env["ANSIBLE_STRATEGY"] == "linear" and "ANSIBLE_STRATEGY_PLUGINS" not in env
+    assert env["ANSIBLE_STRATEGY"] == mine
+    assert (Path(env["ANSIBLE_STRATEGY_PLUGINS"]) / "mitogen_free.py").is_file()
+
+
+def test_a_playbook_beside_other_work_runs_in_a_session_of_its_own(state, monkeypatch):
+    """console=False: a Ctrl-C meant for the work beside it does not reach it."""
+    seen = []
+
+    class Proc:
+        stdout = iter(["PLAY RECAP ***\n"])
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, **kw: seen.append(kw) or Proc())
+    ansible_run.playbook(state, "train.yml", console=False)
+    ansible_run.playbook(state, "train.yml")
+    assert [kw["start_new_session"] for kw in seen] == [True, False]
+
+
+def test_the_inventory_gives_mitogen_ansible_cfgs_keepalives(state):
+    import yaml
+
+    from tfcluster import inventory, remote
+    from tfcluster.providers.base import Node
+
+    assert remote.keepalive() == (10, 3)     # ServerAliveInterval=10, ServerAliveCountMax=3 in ansible.cfg
+    nodes = [Node("c-chief-0", "chief", 0, "10.0.0.10", "10.0.0.10", "debian", 22, 0)]
+    inv = yaml.safe_load(yaml.safe_dump(inventory.render(state, nodes, 2222, "parameter_server")))
+    assert (inv["all"]["vars"]["mitogen_ssh_keepalive_interval"],
+            inv["all"]["vars"]["mitogen_ssh_keepalive_count"]) == (10, 3)
 
 
 PARENT_PLAY = """\
@@ -79,6 +110,10 @@ def test_first_contact_and_the_short_playbooks_run_without_mitogen(state, monkey
     monkeypatch.setattr(ansible_run, "playbook", lambda _s, name, _e, **kw: calls.append((name, kw)) or {})
     training._fetch_logs(state, "r1", 4, "finish")
     assert calls[-1][0] == "train.yml" and calls[-1][1]["mitogen"] is False
+    monkeypatch.setattr(training.runrecord, "write", lambda *a: None)
+    monkeypatch.setattr(training, "_fetch_logs", lambda *a, **kw: True)
+    training._finish(None, state, [], {"run_id": "r1"}, stop_chief=True)
+    assert calls[-1][0] == "stop.yml" and calls[-1][1]["mitogen"] is False
 
 
 def test_every_play_that_applies_an_image_role_runs_with_ansibles_own_linear_strategy():

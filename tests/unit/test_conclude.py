@@ -43,7 +43,7 @@ def _record_spans(monkeypatch, verify_result):
         time.sleep(0.3)
         spans["verify"] = (started, time.monotonic())
         spans["verify_thread"] = threading.current_thread() is threading.main_thread()
-        if isinstance(verify_result, Exception):
+        if isinstance(verify_result, BaseException):
             raise verify_result
         run["state"] = runrecord.RunState.VERIFIED
         return run
@@ -83,3 +83,43 @@ def test_a_failed_run_fetches_the_logs_before_it_reports(state, monkeypatch):
     with pytest.raises(TfclusterError, match="training failed: the chief's task ended 'failed'"):
         training._conclude(None, state, NODES, run, {"supervisor": {"state": "failed", "exit_code": 1}})
     assert calls == [{}] and runrecord.read(state)["state"] == "failed"
+
+
+def test_ctrl_c_during_verification_waits_for_the_finish_and_records_it(state, monkeypatch):
+    """The finish's playbook runs in a session of its own (Ctrl-C does not reach it): it is waited for and
+    recorded before the interrupt goes on."""
+    spans = _record_spans(monkeypatch, KeyboardInterrupt())
+    run = {"run_id": "r1", "state": "started"}
+    with pytest.raises(KeyboardInterrupt):
+        training._conclude(None, state, NODES, run, SUCCEEDED)
+    assert "fetch" in spans
+    saved = runrecord.read(state)
+    assert saved["logs_fetched"] is True and saved["state"] == "unverified"
+
+
+def test_an_unexpected_error_in_the_finish_is_a_warning_and_recorded(state, monkeypatch, capsys):
+    _record_spans(monkeypatch, None)
+    monkeypatch.setattr(training, "_fetch_logs", lambda *a, **kw: (_ for _ in ()).throw(OSError("disk full")))
+    run = {"run_id": "r1", "state": "started"}
+    assert training._conclude(None, state, NODES, run, SUCCEEDED)["state"] == "verified"
+    assert runrecord.read(state)["logs_fetched"] is False
+    assert "warning: could not fetch every node's log: OSError: disk full" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fetched, finished", [(False, True), (True, False), (None, False)])
+def test_an_unverified_run_is_finished_first_only_when_its_finish_was_cut_short(state, monkeypatch, fetched,
+                                                                                finished):
+    from tfcluster.providers.base import write_nodes
+
+    write_nodes(state.nodes, NODES)
+    record = {"run_id": "r1", "state": "unverified"}
+    if fetched is not None:
+        record["logs_fetched"] = fetched
+    runrecord.write(state, record)
+    calls = []
+    monkeypatch.setattr(training, "_check_cluster_fits", lambda *a: None)
+    monkeypatch.setattr(training, "_finish", lambda *a, **kw: calls.append("finish"))
+    monkeypatch.setattr(training, "verify", lambda _spec, run: calls.append("verify") or run)
+    spec = type("Spec", (), {"cluster": "c"})()
+    training.train(spec)
+    assert calls == (["finish", "verify"] if finished else ["verify"])

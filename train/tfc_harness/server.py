@@ -24,9 +24,11 @@ STOPPED_EXIT_CODE = 128 + signal.SIGINT
 
 
 def _leave_at_once(signum, frame) -> None:
-    print("stopped: leaving without TensorFlow's teardown (a serving task holds nothing to save)", flush=True)
-    sys.stderr.flush()
-    os._exit(STOPPED_EXIT_CODE)
+    try:   # the main thread may be printing itself (a reentrant print raises): leave whatever happens
+        print("stopped: leaving without TensorFlow's teardown (a serving task holds nothing to save)", flush=True)
+        sys.stderr.flush()
+    finally:
+        os._exit(STOPPED_EXIT_CODE)
 
 
 def serve(settings: Settings, feed=None) -> int:
