@@ -39,6 +39,7 @@ def render(state: ClusterState, nodes: list[Node], tf_port: int, strategy: str) 
     (only such nodes get static S3 keys)."""
     children: dict[str, dict] = {}
     storage = strategies.storage_jobs(strategy)
+    alive_s, alive_count = remote.keepalive()
     for role in ROLES:
         hosts = {}
         for n in sorted((n for n in nodes if n.role == role), key=lambda n: n.index):
@@ -60,8 +61,8 @@ def render(state: ClusterState, nodes: list[Node], tf_port: int, strategy: str) 
                 "ansible_ssh_private_key_file": str(state.ssh_key),
                 "ansible_ssh_common_args": shlex.join(remote.cluster_options(state)),
                 # mitogen's SSH keep-alives as ansible.cfg's: a link that went down ends a play in ~30 s
-                "mitogen_ssh_keepalive_interval": remote.keepalive()[0],
-                "mitogen_ssh_keepalive_count": remote.keepalive()[1],
+                "mitogen_ssh_keepalive_interval": alive_s,
+                "mitogen_ssh_keepalive_count": alive_count,
                 "tfcluster_cluster": state.cluster,
                 "tf_cluster_spec": cluster_spec(nodes, tf_port),
                 "tf_strategy": strategy,
