@@ -99,9 +99,13 @@ tensorboard: $(BOOTSTRAP) ## TensorBoard on 127.0.0.1 for the cluster's runs in 
 
 ##@ Development
 .PHONY: test
-test: $(BOOTSTRAP) ## Run the whole test suite (unit, lint, integration, end to end)
+# test files run on this many pytest-xdist workers at once, each file whole on one worker (its clusters and
+# module fixtures stay together); the slow files first (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+test: $(BOOTSTRAP) ## Run the whole test suite (unit, lint, integration, end to end) on TEST_WORKERS workers
 	VENV=$(VENV) ./scripts/bootstrap.sh --test
-	$(VENV)/bin/pytest $(PYTEST_ARGS) tests
+	$(VENV)/bin/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
+		$(PYTEST_ARGS) tests
 
 .PHONY: lint
 lint: $(BOOTSTRAP) ## ruff, terraform fmt, ansible-lint and checkov (offline)

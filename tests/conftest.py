@@ -45,12 +45,23 @@ def needs_root():
     return pytest.mark.skipif(os.geteuid() != 0, reason="the local provider needs root (namespaces)")
 
 
+#: the first port of the tests' local S3 stores: each pytest-xdist worker (gw0, gw1, ...) has its own,
+#: this port plus its number; a session without workers uses this one
+STORE_PORT = 9556
+
+
+def worker_number() -> int:
+    """This pytest-xdist worker's number (0 without xdist)."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def test_store(tmp_path_factory):
-    """The tests' own local S3 store on a port of their own, stopped when the session ends.  Two test
+    """The tests' own local S3 store on a port of their own, stopped when the session ends: each xdist
+    worker's on its own port (a worker that ends first must not stop a store another still uses). Two test
     sessions at once (a developer's and a helper's) must not share one: give each its own
-    TFCLUSTER_STORE_PORT (default 9556)."""
-    os.environ.setdefault("TFCLUSTER_STORE_PORT", "9556")
+    TFCLUSTER_STORE_PORT (default 9556 plus the worker's number)."""
+    os.environ.setdefault("TFCLUSTER_STORE_PORT", str(STORE_PORT + worker_number()))
     if os.geteuid() != 0:
         yield
         return
@@ -97,11 +108,22 @@ def node_image() -> dict | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Cluster tests get the node image first (a session fixture), unless marked ``bare_image``."""
+    """Cluster tests get the node image first (a session fixture), unless marked ``bare_image``. The slow
+    files come first (``e2e``, then ``integration``, then the rest; `make test` keeps this order with
+    ``--no-loadscope-reorder``): the workers each take a whole file at a time (``--dist loadfile``), and
+    the quick files fill in at the end instead of one long file running alone."""
     for item in items:
         rel = Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
         if rel.startswith(IMAGED) and not item.get_closest_marker("bare_image"):
             item.fixturenames.insert(0, "node_image")
+    items.sort(key=_tier)   # stable: a file's tests stay together and in order
+
+
+def _tier(item) -> int:
+    for tier, marker in enumerate(("e2e", "integration")):
+        if item.get_closest_marker(marker):
+            return tier
+    return 2
 
 
 def _restore(key: str, value: str | None) -> None:

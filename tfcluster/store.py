@@ -59,7 +59,11 @@ def credentials() -> dict[str, str]:
 
 def _ensure_address(ip: str) -> None:
     if subprocess.run(["ip", "link", "show", STORE_IFACE], capture_output=True).returncode != 0:
-        subprocess.run(["ip", "link", "add", STORE_IFACE, "type", "bridge"], check=True, capture_output=True)
+        added = subprocess.run(["ip", "link", "add", STORE_IFACE, "type", "bridge"], capture_output=True, text=True)
+        # another store starting at the same moment (one on another port) may have added it first
+        if added.returncode != 0 and subprocess.run(["ip", "link", "show", STORE_IFACE],
+                                                    capture_output=True).returncode != 0:
+            raise TfclusterError(f"could not add the local store's interface {STORE_IFACE}: {added.stderr.strip()}")
     subprocess.run(["ip", "addr", "replace", f"{ip}/32", "dev", STORE_IFACE], check=True, capture_output=True)
     subprocess.run(["ip", "link", "set", STORE_IFACE, "up"], check=True, capture_output=True)
 
