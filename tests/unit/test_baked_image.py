@@ -199,8 +199,8 @@ def test_the_image_roles_are_skipped_only_when_the_nodes_key_is_this_configurati
     plays = _site_plays()
     tasks = yaml.safe_load(yaml.safe_dump(plays[SORT_PLAY]["tasks"]).replace(baked.KEY_FILE, str(key_file)))
     target = plays[IMAGE_ROLES_PLAY]["hosts"]
-    tasks.append({"name": "Show", "ansible.builtin.debug": {
-        "msg": f"CURRENT={{{{ tfcluster_image_current | bool }}}} ROLES={{{{ '{target}' in group_names }}}}"}})
+    shown = f"CURRENT={{{{ 'tfcluster_image_current' in group_names }}}} ROLES={{{{ '{target}' in group_names }}}}"
+    tasks.append({"name": "Show", "ansible.builtin.debug": {"msg": shown}})
     play = tmp_path / "play.yml"
     play.write_text(yaml.safe_dump([{"name": "Pre", "hosts": "localhost", "connection": "local",
                                      "gather_facts": False, "vars": {"tf_role": "worker"}, "tasks": tasks}]))

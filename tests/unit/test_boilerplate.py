@@ -25,13 +25,15 @@ def nodes(ps: int, workers: int, chiefs: int) -> list[Node]:
     return out
 
 
-def play(tmp_path: Path, shape: tuple[int, int, int],
-         strategy: str = "parameter_server") -> subprocess.CompletedProcess:
+def play(tmp_path: Path, shape: tuple[int, int, int], strategy: str = "parameter_server",
+         change=None) -> subprocess.CompletedProcess:
     state = ClusterState("c", root=tmp_path)
     state.dir.mkdir()
     inventory.write(state, nodes(*shape), 2222, strategy)
     inv = yaml.safe_load(state.inventory.read_text())
     inv["all"]["vars"]["ansible_connection"] = "local"   # the checks run on the controller only
+    if change:
+        change(inv)
     state.inventory.write_text(yaml.safe_dump(inv))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_PYTHON_INTERPRETER=sys.executable,
                ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"), ANSIBLE_FORCE_COLOR="0")
@@ -61,5 +63,24 @@ def test_a_cluster_without_ps_passes_under_multi_worker_mirrored(tmp_path):
 ])
 def test_a_cluster_of_another_shape_fails_naming_the_role(tmp_path, shape, said):
     res = play(tmp_path, shape)
+    assert res.returncode != 0
+    assert said in " ".join(res.stdout.split()), res.stdout[-3000:]
+
+
+def _host(inv: dict, group: str, name: str) -> dict:
+    return inv["all"]["children"][group]["hosts"][name]
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    (lambda inv: _host(inv, "worker", "c-worker-1").update(tf_index=5),
+     "c-worker-1: tf_role=worker tf_index=5 is not a task of"),
+    (lambda inv: _host(inv, "worker", "c-worker-0").update(tf_role="chief"),
+     "c-worker-0: tf_role=chief tf_index=0 is not a task of"),
+    (lambda inv: _host(inv, "ps", "c-ps-0").pop("tf_role"),
+     "c-ps-0: tf_role=undefined tf_index=0 is not a task of"),
+])
+def test_a_node_whose_role_or_index_is_not_a_task_of_the_cluster_fails_naming_it(tmp_path, change, said):
+    """One check on the controller for every node (not a task per node), naming the node that is wrong."""
+    res = play(tmp_path, (1, 2, 1), change=change)
     assert res.returncode != 0
     assert said in " ".join(res.stdout.split()), res.stdout[-3000:]
