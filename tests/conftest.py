@@ -58,10 +58,12 @@ def worker_number() -> int:
 @pytest.fixture(scope="session", autouse=True)
 def test_store(tmp_path_factory):
     """The tests' own local S3 store on a port of their own, stopped when the session ends: each xdist
-    worker's on its own port (a worker that ends first must not stop a store another still uses). Two test
-    sessions at once (a developer's and a helper's) must not share one: give each its own
-    TFCLUSTER_STORE_PORT (default 9556 plus the worker's number)."""
-    os.environ.setdefault("TFCLUSTER_STORE_PORT", str(STORE_PORT + worker_number()))
+    worker's on its own port, the first port plus the worker's number (a worker that ends first must not stop
+    a store another still uses). Two test sessions at once (a developer's and a helper's) must not share
+    one: give each its own first port in TFCLUSTER_STORE_PORT (default 9556), ports apart by more than the
+    number of workers."""
+    os.environ["TFCLUSTER_STORE_PORT"] = str(int(os.environ.get("TFCLUSTER_STORE_PORT", STORE_PORT))
+                                             + worker_number())
     if os.geteuid() != 0:
         yield
         return

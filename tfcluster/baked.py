@@ -47,12 +47,15 @@ from .providers.base import Node
 
 #: the roles an image holds (site.yml applies tf_node after them, per node)
 IMAGE_ROLES = ("common", "gpu_driver", "tensorflow")
+#: and the files of tf_node's standing part that it holds too (the task user, its directories, the supervisor:
+#: the same on every node and in every run), relative to roles/
+IMAGE_ROLE_PARTS = ("tf_node/tasks/host.yml", "tf_node/files/tfc-supervise", "tf_node/defaults/main.yml")
 PLAYBOOK = "image.yml"
 #: nodes.<role>.image on local: the bare base image (configure installs everything, as on a fresh cloud VM)
 BASE = "base"
 KIND = "tfcluster-node-image"
 #: bump when what :func:`bake` does to a builder changes what the image holds
-REVISION = 1
+REVISION = 2
 #: where an image records its content key (playbooks/image.yml writes it; site.yml reads it on each node)
 KEY_FILE = "/etc/tfcluster-image-key"
 
@@ -61,7 +64,9 @@ KEY_FILE = "/etc/tfcluster-image-key"
 PER_NODE = (
     "etc/ssh/ssh_host_*", "etc/ssh/tfcluster_host_ed25519_key*", "etc/ssh/tfcluster_sshd_config",
     "root/.ssh", "home/*/.ssh", "etc/hostname", "etc/hosts", "etc/machine-id", "var/lib/dbus/machine-id",
-    "etc/apt/apt.conf.d/01tfcluster-proxy", "var/lib/tfcluster/*", "opt/tfcluster/run", "tmp/*", "var/tmp/*",
+    "etc/apt/apt.conf.d/01tfcluster-proxy", "var/lib/tfcluster/configured", "var/lib/tfcluster/task/*",
+    "opt/tfcluster/run/*", "opt/tfcluster/harness.tar.gz", "opt/tfcluster/harness/.bundle-*", "etc/tfcluster/*",
+    "etc/tfcluster-deadline", "tmp/*", "var/tmp/*",
     "root/.ansible", "home/*/.ansible", "root/.cache", "home/*/.cache", "var/cache/apt/archives/*.deb",
     "var/cache/apt/*.bin", "var/log/*",
 )
@@ -105,10 +110,12 @@ def digest_files(paths: list[Path], root: Path) -> str:
 
 
 def roles_digest(roles_dir: Path = ROLES_DIR, playbook: Path = REPO / "playbooks" / PLAYBOOK) -> str:
-    """Every file of the image roles (tasks, defaults, vars, templates, files, handlers, meta) and the
-    playbook; the lock files are hashed one by one (:func:`inputs_for`): only the image's own counts."""
+    """Every file of the image roles (tasks, defaults, vars, templates, files, handlers, meta), those of
+    tf_node's standing part (:data:`IMAGE_ROLE_PARTS`) and the playbook; the lock files are hashed one by one
+    (:func:`inputs_for`): only the image's own counts."""
     files = [p for role in IMAGE_ROLES for p in (roles_dir / role).rglob("*")
              if p.is_file() and "locks" not in p.relative_to(roles_dir / role).parts]
+    files += [roles_dir / part for part in IMAGE_ROLE_PARTS if (roles_dir / part).is_file()]
     files.append(playbook)
     return digest_files(files, roles_dir.parent)
 

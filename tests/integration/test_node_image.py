@@ -42,10 +42,17 @@ def test_the_image_matches_the_configuration_and_holds_no_per_node_state(node_im
     # what the image roles installed is in it
     for path in ("opt/tfcluster/venv/bin/python", "usr/sbin/nft", "usr/lib/python3.11/ensurepip"):
         assert (layer / path).exists(), path
-    # and nothing that belongs to one node
+    # so is tf_node's standing part: the supervisor, the task's user and its (empty) directories
+    assert (layer / "usr/local/bin/tfc-supervise").stat().st_mode & 0o111
+    assert re.search(r"^tfcluster:.*:/var/lib/tfcluster/task:/usr/sbin/nologin$", (layer / "etc/passwd").read_text(),
+                     re.M)
+    for directory in ("var/lib/tfcluster/task", "opt/tfcluster/run", "etc/tfcluster", "opt/tfcluster/harness/models"):
+        assert (layer / directory).is_dir(), directory
+    # and nothing that belongs to one node or one run
     per_node = [p.relative_to(layer).as_posix() for p in layer.rglob("*")
                 if re.search(r"(^etc/ssh/.*(host.*key|sshd_config)|/\.ssh(/|$)|^etc/(hostname|hosts|machine-id)$|"
-                             r"^var/lib/tfcluster/.|^var/log/.|^tmp/.|\.ansible(/|$)|tfcluster-proxy)",
+                             r"^var/lib/tfcluster/(configured|task/.)|^opt/tfcluster/run/.|^etc/tfcluster/.|"
+                             r"^var/log/.|^tmp/.|\.ansible(/|$)|tfcluster-proxy)",
                              p.relative_to(layer).as_posix())]
     assert per_node == [], per_node
 

@@ -36,7 +36,7 @@ def test_the_key_is_stable_and_ignores_what_the_image_does_not_hold(tree):
     # per-node and per-run values, and the per-node role, are not in the image
     assert key(tree, {"training.steps": 7, "nodes.worker.count": 5, "cluster": "other", "strategy":
                       "multi_worker_mirrored"}) == first
-    (tree[0] / "tf_node" / "defaults" / "main.yml").write_text("# changed\n")
+    (tree[0] / "tf_node" / "tasks" / "main.yml").write_text("# changed\n")
     assert key(tree) == first
     # a lock of another release is not this image's
     other = tree[0] / "tensorflow" / "files" / "locks" / "tensorflow-cpu-2.20.0.txt"
@@ -46,7 +46,7 @@ def test_the_key_is_stable_and_ignores_what_the_image_does_not_hold(tree):
 
 @pytest.mark.parametrize("role_file", ["common/tasks/main.yml", "common/defaults/main.yml",
                                        "gpu_driver/vars/Debian.yml", "tensorflow/vars/main.yml",
-                                       "tensorflow/tasks/preflight.yml"])
+                                       "tensorflow/tasks/preflight.yml", *baked.IMAGE_ROLE_PARTS])
 def test_a_changed_role_file_makes_a_new_key(tree, role_file):
     first = key(tree)
     path = tree[0] / role_file
@@ -85,17 +85,21 @@ def test_scrub_removes_per_node_state_and_keeps_the_rest(tmp_path: Path):
     files = ["etc/ssh/tfcluster_host_ed25519_key", "etc/ssh/tfcluster_host_ed25519_key.pub",
              "etc/ssh/ssh_host_rsa_key", "etc/ssh/tfcluster_sshd_config", "home/debian/.ssh/authorized_keys",
              "etc/hostname", "etc/hosts", "etc/machine-id", "etc/apt/apt.conf.d/01tfcluster-proxy",
-             "var/log/apt/history.log", "var/log/dpkg.log", "var/lib/tfcluster/run.json", "tmp/x",
+             "var/log/apt/history.log", "var/log/dpkg.log", "var/lib/tfcluster/configured", "tmp/x",
+             "var/lib/tfcluster/task/status.json", "opt/tfcluster/run/entry.py", "etc/tfcluster/task.env",
+             "etc/tfcluster/firewall.nft", "opt/tfcluster/harness.tar.gz", "opt/tfcluster/harness/.bundle-ab12",
              "root/.ansible/tmp/y", "var/cache/apt/archives/a.deb"]
     kept = ["opt/tfcluster/venv/bin/python", "etc/ssh/ssh_config", "usr/sbin/nft", "var/lib/dpkg/status",
-            "var/lib/apt/lists/deb.debian.org_x"]
+            "var/lib/apt/lists/deb.debian.org_x", "usr/local/bin/tfc-supervise"]
     for rel in files + kept:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("x")
     removed = baked.scrub(root)
     assert not [f for f in files if (root / f).exists()]
     assert all((root / k).exists() for k in kept)
-    assert (root / "var" / "lib" / "tfcluster").is_dir()
+    # tf_node's standing part stays: the task's state, run and credentials directories (emptied)
+    for directory in ("var/lib/tfcluster/task", "opt/tfcluster/run", "etc/tfcluster", "opt/tfcluster/harness"):
+        assert (root / directory).is_dir(), directory
     assert "etc/hostname" in removed
 
 
@@ -168,9 +172,17 @@ def test_site_yml_applies_the_image_roles_only_to_nodes_sorted_out_and_image_yml
     image_play = plays[IMAGE_ROLES_PLAY]
     assert image_play["hosts"] in group_key and image_play["gather_facts"] is True
     assert [r["role"] for r in image_play["roles"]] == list(baked.IMAGE_ROLES)
+    standing = {"name": "tf_node", "tasks_from": "host"}
+    assert [t["ansible.builtin.import_role"] for t in image_play["tasks"]] == [standing]
     tf_node_play = plays["Configure tfcluster nodes"]
     assert tf_node_play["hosts"] == "all" and [r["role"] for r in tf_node_play["roles"]] == ["tf_node"]
     (baking,) = yaml.safe_load((REPO / "playbooks" / baked.PLAYBOOK).read_text())
+    assert [r["role"] for r in baking["roles"]] == list(baked.IMAGE_ROLES)
+    assert [t["ansible.builtin.import_role"] for t in baking["tasks"]] == [standing]
+    assert "tasks/host.yml" in " ".join(baked.IMAGE_ROLE_PARTS)
+    tf_node_tasks = yaml.safe_load((REPO / "roles" / "tf_node" / "tasks" / "main.yml").read_text())
+    assert not [t for t in tf_node_tasks if "ansible.builtin.user" in t or "src" in t.get("ansible.builtin.copy", {})
+                and t["ansible.builtin.copy"]["src"] == "tfc-supervise"], "the standing part is in tasks/host.yml"
     (record,) = baking["post_tasks"]
     assert record["ansible.builtin.copy"]["dest"] == baked.KEY_FILE
     assert "tfcluster_image_key" in record["ansible.builtin.copy"]["content"]
