@@ -52,6 +52,9 @@ def environment(state: ClusterState, extra: dict[str, str] | None = None, mitoge
     env.update({
         "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp),
+        # ssh's own %C, as tfcluster/remote.py names its sockets: Ansible's plays (its own strategy) and the
+        # commands tfcluster runs on nodes (status polls, the configure check) share one master per node
+        "ANSIBLE_SSH_CONTROL_PATH": "%(directory)s/%%C",
         "ANSIBLE_LOCAL_TEMP": str(state.dir / "ansible-tmp"),
         "ANSIBLE_FORCE_COLOR": "0",
         "PYTHONUNBUFFERED": "1",

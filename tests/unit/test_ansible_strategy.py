@@ -132,3 +132,21 @@ def test_every_play_that_applies_an_image_role_runs_with_ansibles_own_linear_str
                 seen += 1
                 assert play.get("strategy") == "linear", f"{path.name}: play {play.get('name')!r}"
     assert seen >= 4    # site.yml, image.yml and the two role test playbooks
+
+
+def test_ansibles_ssh_and_tfclusters_node_commands_share_one_control_socket_per_node(state):
+    """Ansible's own ssh (the ping, the short playbooks) names its control socket as tfcluster/remote.py does,
+    so a status poll or the configure check reuses a master a play left (and a play one a poll left). Seen
+    in the ssh command Ansible runs against a closed port of this machine's loopback."""
+    from tfcluster import remote
+    from tfcluster.providers.base import Node
+
+    node = Node("c-worker-0", "worker", 0, "127.0.0.1", "127.0.0.1", "debian", 1, 0)
+    ours = next(o for o in remote.ssh_command(state, node, "true") if o.startswith("ControlPath="))
+    res = subprocess.run([str(ansible_run.BIN / "ansible"), "all", "-i", "127.0.0.1,", "-m", "ansible.builtin.ping",
+                          "-e", "ansible_port=1", "-e", "ansible_user=debian", "-vvv"],
+                         capture_output=True, text=True, env=ansible_run.environment(state, mitogen=False),
+                         timeout=120, stdin=subprocess.DEVNULL)
+    theirs = re.findall(r'ControlPath="?([^"\s]+)"?', res.stdout)
+    assert theirs, res.stdout[-2000:]
+    assert {f"ControlPath={path}" for path in theirs} == {ours}
