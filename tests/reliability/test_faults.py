@@ -186,7 +186,9 @@ def test_s3_down_down_refuses_then_retry_publishes(home, env, cluster):
     with FaultProxy(ip, (ip, port)) as proxy:
         url = proxy.url
         train = runs.Train(env, CLUSTER, *ARGS, "--set", f"storage.endpoint={url}", "--set", "training.max_restarts=1")
-        runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.6))
+        # at 30 %, not later: the test sees the step a poll late, and under a parallel suite the chief once
+        # uploaded the 1200 checkpoint before S3 failed (waited for 960), so none was newer locally than in S3
+        runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.3))
         proxy.fail_all = True
         code, out = train.wait()
     assert code == 1 and "could not be stored in S3" in out, out[-4000:]
