@@ -26,6 +26,13 @@ def run_cli(*args: str, home: Path, env: dict | None = None, timeout: int = 600,
 
 
 @pytest.fixture
+def plan_tmp(tmp_path_factory) -> Path:
+    """A TMPDIR of the test's own for `tfcluster plan` (pass it as ``env={"TMPDIR": ...}``): plan works in a
+    temporary directory and removes it, which a test can check only where no other test's plan runs."""
+    return tmp_path_factory.mktemp("plantmp")
+
+
+@pytest.fixture
 def home(tmp_path: Path) -> Path:
     """A state root deeper than a Unix socket path may be long (107 bytes), as a user's may be: nothing
     that tfcluster puts under it may be a socket."""

@@ -435,19 +435,18 @@ def test_leftovers_names_what_is_still_there(tmp_path, moto_endpoint, aws_env):
 
 
 @needs_aws_plugin
-def test_plan_shows_terraforms_plan_and_creates_nothing(home, moto_endpoint, aws_env):
+def test_plan_shows_terraforms_plan_and_creates_nothing(home, plan_tmp, moto_endpoint, aws_env):
     """`make plan` on aws: Terraform's real plan against the emulator, from a temporary directory; no state in
     the cluster's directory and nothing in the (emulated) cloud."""
     import boto3
 
-    from tests.unit.test_plan import SECTIONS, assert_nothing_created, plan_dirs, sections_in_order
+    from tests.unit.test_plan import SECTIONS, assert_nothing_created, sections_in_order
 
     cluster = "tfct-plan-aws"
-    tmp_before = plan_dirs()
     res = run_cli("plan", "--cluster", cluster, "--provider", "aws", "--set", "storage.bucket=tfct-runs",
                   "--set", "network.allowed_ssh_cidrs=203.0.113.0/24", "--set", "nodes.worker.instance_type=c6i.large",
                   "--set", f"provider_options.endpoint={moto_endpoint}", "--set", "max_runtime_minutes=45",
-                  home=home, timeout=300)
+                  home=home, env={"TMPDIR": str(plan_tmp)}, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     assert sections_in_order(out) == list(SECTIONS)
@@ -466,7 +465,7 @@ def test_plan_shows_terraforms_plan_and_creates_nothing(home, moto_endpoint, aws
     assert "each node halts 105 min after it boots" in out and "each node halts 55 min later" in out
     assert f"model: s3://tfct-runs/runs/{cluster}/<run-id>/ at AWS S3" in out
     # nothing created: no state of the cluster, no tagged resource in the emulator
-    assert_nothing_created(home, cluster, tmp_before)
+    assert_nothing_created(home, cluster, plan_tmp)
     ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1")
     ours = [{"Name": "tag:tfcluster:cluster", "Values": [cluster]}]
     assert not ec2.describe_instances(Filters=ours)["Reservations"]

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.conftest import run_cli
-from tests.unit.test_plan import SECTIONS, assert_nothing_created, plan_dirs, sections_in_order
+from tests.unit.test_plan import SECTIONS, assert_nothing_created, sections_in_order
 
 CLUSTER = "tfct-plan-im"
 IMAGE = "ost://cloud.example.org:5000/3f1c-image"
@@ -46,12 +46,12 @@ def listener():
         thread.join(timeout=10)
 
 
-def plan_im(home, url: str, auth_file, *sets: str):
+def plan_im(home, plan_tmp, url: str, auth_file, *sets: str):
     args = ["plan", "--cluster", CLUSTER, "--provider", "im", "--set", f"provider_options.im_url={url}",
             "--set", f"provider_options.auth_file={auth_file}"]
     for item in sets:
         args += ["--set", item]
-    return run_cli(*args, home=home, timeout=240)
+    return run_cli(*args, home=home, env={"TMPDIR": str(plan_tmp)}, timeout=240)
 
 
 def assert_no_secret(out: str, auth_file, *, private_key_sent: bool) -> None:
@@ -62,10 +62,9 @@ def assert_no_secret(out: str, auth_file, *, private_key_sent: bool) -> None:
     assert ("private_key = '<key>" in out) == private_key_sent and "public_key = '<the run's public key>'" in out
 
 
-def test_plan_cloud_nodes_prints_the_radl_and_contacts_no_one(home, listener, auth_file):
+def test_plan_cloud_nodes_prints_the_radl_and_contacts_no_one(home, plan_tmp, listener, auth_file):
     url, requests = listener
-    tmp_before = plan_dirs()
-    res = plan_im(home, url, auth_file, f"provider_options.image_url={IMAGE}", "storage.bucket=tfct-runs",
+    res = plan_im(home, plan_tmp, url, auth_file, f"provider_options.image_url={IMAGE}", "storage.bucket=tfct-runs",
                   "network.allowed_ssh_cidrs=203.0.113.0/24", "nodes.worker.count=3", "nodes.worker.gpus=1")
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
@@ -81,13 +80,12 @@ def test_plan_cloud_nodes_prints_the_radl_and_contacts_no_one(home, listener, au
     assert "outports = '203.0.113.0/24-22/tcp-22/tcp'" in out and "gpu.count >= 1" in out
     assert_no_secret(out + res.stderr, auth_file, private_key_sent=False)
     assert requests == []
-    assert_nothing_created(home, CLUSTER, tmp_before)
+    assert_nothing_created(home, CLUSTER, plan_tmp)
 
 
-def test_plan_adopting_local_nodes_plans_them_and_creates_none(home, listener, auth_file):
+def test_plan_adopting_local_nodes_plans_them_and_creates_none(home, plan_tmp, listener, auth_file):
     url, requests = listener
-    tmp_before = plan_dirs()
-    res = plan_im(home, url, auth_file, "provider_options.adopt_local=true")
+    res = plan_im(home, plan_tmp, url, auth_file, "provider_options.adopt_local=true")
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     # the local nodes' addresses come from Terraform's plan of terraform/local and go into the RADL
@@ -99,7 +97,7 @@ def test_plan_adopting_local_nodes_plans_them_and_creates_none(home, listener, a
     assert "never halt themselves" in out
     assert_no_secret(out + res.stderr, auth_file, private_key_sent=True)
     assert requests == []
-    assert_nothing_created(home, CLUSTER, tmp_before)
+    assert_nothing_created(home, CLUSTER, plan_tmp)
 
 
 def test_plan_without_an_auth_file_exits_2(home, listener):

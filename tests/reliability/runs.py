@@ -89,3 +89,11 @@ def node_log(home: Path, cluster: str, node: str = "chief-0") -> str:
 
 def resumed_steps(log: str) -> list[int]:
     return [int(s) for s in re.findall(r"resumed from checkpoint at step (\d+)", log)]
+
+
+def saved_before_restart(log: str) -> list[int]:
+    """The checkpoints the chief saved (and uploaded) before its first restart: the newest is where a task
+    killed then must resume, wherever the kill landed (under load the chief can train on for a few hundred
+    steps between the step a test saw and the SIGKILL)."""
+    before = log.split("resumed from checkpoint at step", 1)[0]
+    return [int(s) for s in re.findall(r"checkpoint saved at step (\d+)", before)]

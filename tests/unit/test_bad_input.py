@@ -51,7 +51,7 @@ CASES = [
 ]
 
 
-def run_case(command: str, home, tmp_path, text, args):
+def run_case(command: str, home, tmp_path, text, args, env: dict | None = None):
     """``tfcluster COMMAND`` with a case's file text (written to a cluster file) and arguments (``__FILE__``:
     a model file with a bad module name), on cluster tfct-bad unless the case names one."""
     if text is not None:
@@ -63,7 +63,7 @@ def run_case(command: str, home, tmp_path, text, args):
         bad.write_text("def build_model():\n    pass\n")
         args = [a.replace("__FILE__", str(bad)) for a in args]
     cluster = [] if "--cluster" in args else ["--cluster", "tfct-bad"]
-    return run_cli(command, *cluster, *args, home=home, timeout=60)
+    return run_cli(command, *cluster, *args, home=home, env=env, timeout=60)
 
 
 @pytest.mark.parametrize("case_id,text,args,field", CASES, ids=[c[0] for c in CASES])

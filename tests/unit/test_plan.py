@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import re
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,28 +27,29 @@ SECTIONS = ("nodes:", "network:", "time limits:", "model and data:", "what up wo
 CLUSTER = "tfct-plan"
 
 
-def plan_dirs() -> set[str]:
-    """The temporary directories plan works in (removed when it is done)."""
-    return {p.name for p in Path(tempfile.gettempdir()).glob("tfcluster-plan-*")}
+def plan_dirs(tmp: Path) -> list[str]:
+    """The temporary directories plan works in (removed when it is done) under ``tmp``, the TMPDIR a test gives
+    plan: its own, as tests on other workers plan at the same time."""
+    return sorted(p.name for p in tmp.glob("tfcluster-plan-*"))
 
 
-def assert_nothing_created(home: Path, cluster: str, tmp_before: set[str]) -> None:
+def assert_nothing_created(home: Path, cluster: str, plan_tmp: Path) -> None:
     """No cluster state (no directory, terraform.tfstate or nodes.json), no namespace, bridge or veth of the
-    cluster, and no temporary directory of plan's left behind."""
+    cluster, and no temporary directory of plan's left behind in its TMPDIR (``plan_tmp``)."""
     assert not (home / cluster).exists(), sorted(p.name for p in (home / cluster).rglob("*"))
     assert not [p for p in home.rglob("*") if p.name in ("terraform.tfstate", "nodes.json", ".terraform")]
     assert _cluster_traces(cluster) == []
-    assert plan_dirs() <= tmp_before
+    assert plan_dirs(plan_tmp) == []
 
 
 def sections_in_order(out: str) -> list[str]:
     return [s for s in SECTIONS if f"\n{s}\n" in out]
 
 
-def test_plan_local_prints_every_section_and_creates_nothing(home):
+def test_plan_local_prints_every_section_and_creates_nothing(home, plan_tmp):
     netns_before = [ns for ns in localnode.list_netns() if ns.startswith(f"tfc_{CLUSTER}_")]
-    tmp_before = plan_dirs()
-    res = run_cli("plan", "--cluster", CLUSTER, "--workers", "3", home=home, timeout=240)
+    res = run_cli("plan", "--cluster", CLUSTER, "--workers", "3", home=home, env={"TMPDIR": str(plan_tmp)},
+                  timeout=240)
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     assert out.index("nothing has been created") < out.index("\nnodes:\n")
@@ -73,7 +73,7 @@ def test_plan_local_prints_every_section_and_creates_nothing(home):
            "0 to destroy" in out
     assert f"bridge {bridge} with address {ipaddress.ip_network(subnet)[1]}/24" in out and f"subnet {subnet}" in out
     assert [ns for ns in localnode.list_netns() if ns.startswith(f"tfc_{CLUSTER}_")] == netns_before == []
-    assert_nothing_created(home, CLUSTER, tmp_before)
+    assert_nothing_created(home, CLUSTER, plan_tmp)
 
 
 PLAN_CASES = [c for c in CASES if c[0] in ("override: workers -1", "gpus on local", "local ssh user",
@@ -81,16 +81,16 @@ PLAN_CASES = [c for c in CASES if c[0] in ("override: workers -1", "gpus on loca
 
 
 @pytest.mark.parametrize("case_id,text,args,field", PLAN_CASES, ids=[c[0] for c in PLAN_CASES])
-def test_plan_bad_input_exits_2_as_up_does_and_creates_nothing(home, tmp_path, case_id, text, args, field):
+def test_plan_bad_input_exits_2_as_up_does_and_creates_nothing(home, tmp_path, plan_tmp, case_id, text, args,
+                                                               field):
     """The configuration's and the provider's checks, as up makes them: one line, exit status 2."""
-    tmp_before = plan_dirs()
-    res = run_case("plan", home, tmp_path, text, args)
+    res = run_case("plan", home, tmp_path, text, args, env={"TMPDIR": str(plan_tmp)})
     assert res.returncode == 2, res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "allowed" in lines[0] and "Traceback" not in res.stderr
     assert "\nnodes:\n" not in res.stdout
     assert list(home.iterdir()) == []
-    assert_nothing_created(home, "tfct-bad", tmp_before)
+    assert_nothing_created(home, "tfct-bad", plan_tmp)
 
 
 def test_time_limits_local_never_halts_clouds_halt_at_boot_and_after_the_deadline(tmp_path):
@@ -138,14 +138,14 @@ def test_make_plan_passes_up_knobs_and_is_in_the_help():
     assert re.search(r"plan .*creating nothing", res.stdout), res.stdout
 
 
-def test_plan_refuses_a_model_module_up_would_refuse(home, tmp_path):
+def test_plan_refuses_a_model_module_up_would_refuse(home, tmp_path, plan_tmp):
     """The model module check up makes before creating anything (its interface, in a subprocess)."""
     model = tmp_path / "nobuild.py"
     model.write_text("def make_dataset():\n    return None\n")
-    tmp_before = plan_dirs()
-    res = run_cli("plan", "--cluster", CLUSTER, "--set", f"training.model={model}", home=home, timeout=180)
+    res = run_cli("plan", "--cluster", CLUSTER, "--set", f"training.model={model}", home=home,
+                  env={"TMPDIR": str(plan_tmp)}, timeout=180)
     assert res.returncode == 2, res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "nobuild.py" in lines[0] and "build_model" in lines[0], res.stderr
     assert "\nnodes:\n" not in res.stdout
-    assert_nothing_created(home, CLUSTER, tmp_before)
+    assert_nothing_created(home, CLUSTER, plan_tmp)
