@@ -187,6 +187,7 @@ def make_server(p: dict) -> BridgeServer:
 
 
 def serve(p: dict) -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})   # start() held them
     server = make_server(p)
     cache_dir = server.RequestHandlerClass.cache_dir
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
@@ -203,8 +204,20 @@ def _pid_file(p: dict) -> Path:
 
 
 def running_pid(state_dir: Path) -> int | None:
-    """The proxy's pid when it runs for the cluster whose state is in state_dir."""
-    return owned_pid(state_dir / "aptproxy.pid", b"tfcluster.aptproxy")
+    """The proxy's pid when it runs for the cluster whose state is in state_dir: the pid file's, or a proxy
+    whose arguments name that state directory (one whose starter was killed before it wrote the file)."""
+    pid = owned_pid(state_dir / "aptproxy.pid", b"tfcluster.aptproxy")
+    if pid:
+        return pid
+    mine = f'"state_dir": {json.dumps(str(state_dir))}'.encode()
+    for proc in Path("/proc").iterdir():
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+        except OSError:
+            continue
+        if args[1:4] == [b"-m", b"tfcluster.aptproxy", b"serve"] and len(args) > 4 and mine in args[4]:
+            return int(proc.name)
+    return None
 
 
 def _holder(ip: str, port: int) -> str:
@@ -223,11 +236,17 @@ def start(p: dict) -> None:
                          f"with this subnet is up from another state directory (make down there first)")
     logs = Path(p["state_dir"]) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / "aptproxy.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tfcluster.aptproxy", "serve", json.dumps(p)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                                close_fds=True, cwd="/")
-    _pid_file(p).write_text(f"{proc.pid}\n")
+    # the proxy runs in a session of its own, out of reach of a Ctrl-C: its pid file is written before one
+    # can stop this starter (a proxy without one is still found by its arguments: running_pid)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        with open(logs / "aptproxy.log", "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "tfcluster.aptproxy", "serve", json.dumps(p)],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                    close_fds=True, cwd="/")
+        _pid_file(p).write_text(f"{proc.pid}\n")
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     if wait_until(lambda: port_open(ip, port), 10, 0.05, give_up=lambda: proc.poll() is not None):
         print(f"apt proxy: serving the Debian archive on {ip}:{port} (cache {p['cache_dir']})")
         return

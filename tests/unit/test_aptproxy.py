@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -129,3 +135,35 @@ def test_cache_path_rejects_dot_segments(tmp_path):
     assert aptproxy.immutable("http://h/debian/pool/main/p.deb")
     assert aptproxy.immutable("http://h/debian/dists/bookworm/main/binary-amd64/by-hash/SHA256/ab")
     assert not aptproxy.immutable("http://h/debian/dists/bookworm/InRelease")
+
+
+def test_a_proxy_whose_pid_file_is_missing_is_still_found_and_stopped(tmp_path):
+    """The daemon as terraform/local starts it; a starter killed before it wrote the pid file left a proxy
+    that `down` must still find (by its arguments) and stop with SIGTERM, which the proxy does not block."""
+    state = tmp_path / "state"
+    state.mkdir()
+    p = {"listen_ip": "127.0.0.1", "port": free_port(), "clients": "127.0.0.0/8", "cache_dir": str(tmp_path / "c"),
+         "state_dir": str(state), "allowed_hosts": ["127.0.0.1"]}
+    res = subprocess.run([sys.executable, "-m", "tfcluster.aptproxy", "start", json.dumps(p)], capture_output=True,
+                         text=True, timeout=30)
+    pid = aptproxy.running_pid(state)
+    try:
+        assert res.returncode == 0 and pid, res.stdout + res.stderr
+        (state / "aptproxy.pid").unlink()
+        assert aptproxy.running_pid(state) == pid
+        assert aptproxy.running_pid(tmp_path) is None          # another state directory's proxy is not this one
+        blocked = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                           if line.startswith("SigBlk:")), 16)
+        assert not blocked & (1 << (signal.SIGTERM - 1) | 1 << (signal.SIGINT - 1)), hex(blocked)
+        aptproxy.stop(p)
+        assert wait_until(lambda: not Path(f"/proc/{pid}").exists(), 5, 0.05)
+        assert aptproxy.running_pid(state) is None
+    finally:
+        if pid and Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGKILL)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
