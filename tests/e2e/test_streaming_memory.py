@@ -29,11 +29,13 @@ CLUSTER = "tfct-mem"
 SUBNET = "10.231.252.0/24"      # outside every auto subnet and the other tests' networks
 LIMIT_MB = 640
 FILES = 8
-RECORDS_PER_FILE = 4096
-PAD = 64 << 10                  # bytes of payload per record: 8 files x 4096 x 64 KiB = 2 GiB
+RECORDS_PER_FILE = 1024
+PAD = 256 << 10                 # bytes of payload per record: 8 files x 1024 x 256 KiB = 2 GiB (a quarter of
+                                # the records of 64 KiB ones: the same bytes through S3 and the worker's
+                                # buffer, a quarter of the steps to train through them)
 DATA_BYTES = FILES * RECORDS_PER_FILE * PAD
 BATCH = 64
-STEPS = FILES * RECORDS_PER_FILE // BATCH + 100   # more than one epoch through the worker's files
+STEPS = FILES * RECORDS_PER_FILE // BATCH + 50    # more than one epoch through the worker's files
 
 MODULE = '''
 import keras
@@ -47,7 +49,7 @@ def metrics():
 SPEC = {"x": tf.io.FixedLenFeature([4], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64),
         "pad": tf.io.FixedLenFeature([], tf.string)}
 
-def decode(record):          # 16 KiB of features per example: the first 4092 bytes of each record's 64 KiB pad
+def decode(record):          # 16 KiB of features per example: the first 4092 bytes of each record's pad
     row = tf.io.parse_single_example(record, SPEC)
     pad = tf.cast(tf.io.decode_raw(row["pad"], tf.uint8)[:4092], tf.float32) / 255.0 - 0.5
     return tf.concat([row["x"], pad], 0), tf.cast(row["y"], tf.float32)
@@ -111,7 +113,7 @@ def test_a_data_set_larger_than_a_workers_memory_streams_through_it(home, tmp_pa
     upload(home, train, "mem/train")
     for path in train:
         path.unlink()
-    upload(home, write_files(tmp_path, 1, 500, PAD, seed=2), "mem/test")
+    upload(home, write_files(tmp_path, 1, 500, 4096, seed=2), "mem/test")   # test records: a pad just long enough
 
     cfg = tmp_path / "mem.yml"
     cfg.write_text(textwrap.dedent(f"""\
