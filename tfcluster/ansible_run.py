@@ -75,10 +75,11 @@ def ping(state: ClusterState, timeout: int = 10) -> subprocess.CompletedProcess:
 
 def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None,
              forks: int = 32, log_file: Path | None = None, env: dict[str, str] | None = None,
-             tags: str | None = None, console: bool = True, mitogen: bool = True) -> dict[str, dict[str, int]]:
-    """Run ``playbooks/<name>``, streaming its output (and teeing it to log_file); ``console=False`` shows
-    only failures and runs it in a session of its own (a playbook run beside other work that has the
-    console and takes Ctrl-C).
+             tags: str | None = None, console: bool = True, mitogen: bool = True,
+             limit: list[str] | None = None) -> dict[str, dict[str, int]]:
+    """Run ``playbooks/<name>`` (on ``limit``'s hosts of the inventory only, when given), streaming its
+    output (and teeing it to log_file); ``console=False`` shows only failures and runs it in a session of
+    its own (a playbook run beside other work that has the console and takes Ctrl-C).
 
     ``mitogen=False`` for a playbook of a few tasks a node: mitogen's start (an interpreter per node) then
     costs more than it saves, and Ansible's own strategy reuses the SSH control sockets that the status polls
@@ -93,6 +94,8 @@ def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None
         cmd += ["-e", f"@{extra_vars_file}"]
     if tags:
         cmd += ["--tags", tags]
+    if limit:
+        cmd += ["--limit", ",".join(limit)]
     log = open(log_file, "a") if log_file else None
     try:
         # stdin: Ansible needs none, and refuses to start on a non-blocking one (a background job's)

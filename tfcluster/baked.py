@@ -224,7 +224,7 @@ def apply_roles(spec: RunSpec, state: ClusterState, nodes: list[Node], host: str
         extra = state.dir / "vars" / "image-vars.json"
         extra.write_text(json.dumps(variables, indent=2) + "\n")
         recap = ansible_run.playbook(state, PLAYBOOK, extra, forks=max(len(nodes), 1),
-                                     log_file=state.logs / "image.log")
+                                     log_file=state.logs / "image.log", limit=[n.name for n in nodes])
     ansible_run.check_reported(recap, [n.name for n in nodes], "image roles")
     return recap
 
