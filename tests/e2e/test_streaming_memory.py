@@ -35,7 +35,9 @@ PAD = 256 << 10                 # bytes of payload per record: 8 files x 1024 x 
                                 # buffer, a quarter of the steps to train through them)
 DATA_BYTES = FILES * RECORDS_PER_FILE * PAD
 BATCH = 64
-STEPS = FILES * RECORDS_PER_FILE // BATCH + 50    # more than one epoch through the worker's files
+# just over one epoch through the worker's files: each step past it costs a second epoch's reads (the worker
+# keeps a few files ahead of its steps, and the local store serves ~40 MB/s here)
+STEPS = FILES * RECORDS_PER_FILE // BATCH + 10
 
 MODULE = '''
 import keras
