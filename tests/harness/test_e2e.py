@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from harness_support import TRAIN_DIR, free_port, node_env, render_entry, s3_scalars
-from tfc_harness import data, publish, verify
+from tfc_harness import data, publish, sandbox, verify
 
 # Defaults recommended for the digits model: ~300 steps reach >= 0.95 test accuracy in a few seconds of
 # training on 2 cores (100 steps already give ~0.95; the margin covers unlucky shuffles).
@@ -154,6 +154,7 @@ def test_train_resume_publish_verify(moto_endpoint, s3_client, processes, tmp_pa
     assert events["test/accuracy"][0][1] == pytest.approx(result["published"]["test_accuracy"], abs=1e-6)
     for key in manifest["files"]:
         assert (tmp_path / "verify-b" / key).is_file()
+    check_warm_evaluator(s3_client, module, dataset, tmp_path, result["metrics"])
     metrics = result["published"]
     assert metrics["restored_from_step"] == FIRST_STEPS and metrics["steps"] == STEPS
     assert metrics["workers"] == 2 and metrics["headline"] == "test_accuracy"
@@ -173,3 +174,23 @@ def test_train_resume_publish_verify(moto_endpoint, s3_client, processes, tmp_pa
     # ps and workers are still serving (they never exit by themselves); the fixture kills them.
     for name in ("ps0", "worker0", "worker1"):
         assert processes.procs[name][0].poll() is None
+
+
+def check_warm_evaluator(s3_client, module: str, dataset: str, tmp_path, fresh: dict) -> None:
+    """The same verification through an evaluator started before the model was downloaded (as `train` starts
+    it while the tasks train): the same figures, from that process; an unused one ends with close()."""
+    if sandbox.available() is not None:
+        pytest.skip(f"no sandbox here: {sandbox.available()}")
+    warm = verify.WarmEvaluator(tmp_path / "verify-warm")
+    try:
+        assert warm.proc.poll() is None
+        result = verify.verify_run(s3_client, BUCKET, "runs/e2e/b", tmp_path / "verify-warm", module, dataset,
+                                   warm=warm)
+        assert warm.used and warm.proc.returncode == 0, warm.proc.args     # it evaluated (not a new process)
+    finally:
+        warm.close()
+    assert result["metrics"] == fresh
+    assert not warm.staging.exists()
+    unused = verify.WarmEvaluator(tmp_path / "verify-unused")
+    unused.close()
+    assert unused.proc.returncode is not None and not unused.staging.exists()

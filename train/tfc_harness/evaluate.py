@@ -9,8 +9,10 @@ classifier trained on logits, ``probabilities`` too).
 ``python -m tfc_harness.evaluate MODEL_DIR MODULE TEST_SPEC_JSON`` loads the SavedModel and the user's module,
 reads the test split the spec names (local files only: ``{"source": "arrays", "npz": path}`` or
 ``{"source": "files", "format": ..., "paths": [...], "columns": ..., "label": ...}``) and prints one JSON
-line of metrics.  :mod:`tfc_harness.verify` runs it in a fresh interpreter so that nothing from the
-caller's process can stand in for what was actually published.
+line of metrics. With ``--wait`` instead, it imports TensorFlow, then reads those three arguments as one
+JSON list from stdin (a process started while the run trains: :class:`tfc_harness.verify.WarmEvaluator`).
+:mod:`tfc_harness.verify` runs it in a fresh interpreter so that nothing from the caller's process can
+stand in for what was actually published.
 """
 
 from __future__ import annotations
@@ -134,10 +136,18 @@ def evaluate_saved_model(model_dir: str, module_path: str, spec: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 3:
-        print("usage: python -m tfc_harness.evaluate MODEL_DIR MODULE TEST_SPEC_JSON", file=sys.stderr)
-        return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args == ["--wait"]:   # started before the model exists: TensorFlow first, then the three arguments
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+
+        line = sys.stdin.readline()
+        if not line.strip():     # nothing to evaluate (the run did not publish): the caller closed the pipe
+            return 0
+        args = json.loads(line)
+    if len(args) != 3:
+        print("usage: python -m tfc_harness.evaluate (MODEL_DIR MODULE TEST_SPEC_JSON | --wait)", file=sys.stderr)
+        return 2
     print(json.dumps(evaluate_saved_model(args[0], args[1], json.loads(args[2]))), flush=True)
     return 0
 

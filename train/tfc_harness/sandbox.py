@@ -82,15 +82,13 @@ def base_python() -> str:
     return getattr(sys, "_base_executable", "") or sys.executable
 
 
-def run(module: str, args: list[str], binds: dict[str, str | os.PathLike], *, python_path: list[str],
-        timeout_s: float) -> subprocess.CompletedProcess:
-    """``python -m module *args`` in the sandbox.  ``binds`` maps a name to a host path, seen inside as
-    ``/tmp/sandbox/<name>``; ``args`` and ``python_path`` may name them as ``{name}``."""
+def _command(module: str, args: list[str], binds: dict[str, str | os.PathLike], python_path: list[str]) -> list[str]:
     why = available()
     if why:
         raise SandboxError(f"cannot sandbox the evaluation of the published model: {why}")
     inside = {name: f"{INSIDE}/{name}" for name in binds}
     pairs = [f"{Path(path).resolve()}|{inside[name]}" for name, path in binds.items()]
+
     def mapped(text: str) -> str:
         for name, where in inside.items():
             text = text.replace("{" + name + "}", where)
@@ -101,6 +99,21 @@ def run(module: str, args: list[str], binds: dict[str, str | os.PathLike], *, py
     child_env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp/home", "PYTHONPATH": path, "PYTHONNOUSERSITE": "1",
                  "TF_CPP_MIN_LOG_LEVEL": "2"}
     command = ["env", "-i", *(f"{k}={v}" for k, v in child_env.items()), base_python(), "-m", module, *argv]
-    return subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc", "--propagation",
-                           "private", "--kill-child", "/bin/sh", "-c", SCRIPT, "sandbox", *pairs, "--", *command],
-                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    return ["unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+            "--kill-child", "/bin/sh", "-c", SCRIPT, "sandbox", *pairs, "--", *command]
+
+
+def run(module: str, args: list[str], binds: dict[str, str | os.PathLike], *, python_path: list[str],
+        timeout_s: float) -> subprocess.CompletedProcess:
+    """``python -m module *args`` in the sandbox.  ``binds`` maps a name to a host path, seen inside as
+    ``/tmp/sandbox/<name>``; ``args`` and ``python_path`` may name them as ``{name}``."""
+    return subprocess.run(_command(module, args, binds, python_path), capture_output=True, text=True,
+                          timeout=timeout_s, stdin=subprocess.DEVNULL)
+
+
+def start(module: str, args: list[str], binds: dict[str, str | os.PathLike], *,
+          python_path: list[str]) -> subprocess.Popen:
+    """:func:`run`'s process, started and left running with a pipe to its stdin (its output piped too). A
+    bound directory is bound as it is then: files put into it later are seen inside, read-only."""
+    return subprocess.Popen(_command(module, args, binds, python_path), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

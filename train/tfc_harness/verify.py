@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -50,28 +51,89 @@ def _model_keys(s3_client, bucket: str, run_prefix: str) -> list[str]:
 
 
 def evaluate_in_subprocess(model_dir: str | os.PathLike, module_path: str, test_spec: dict,
-                           timeout_s: float = EVAL_TIMEOUT_S) -> dict:
+                           timeout_s: float = EVAL_TIMEOUT_S, warm: WarmEvaluator | None = None) -> dict:
     """Run :mod:`tfc_harness.evaluate` in a fresh interpreter inside the sandbox (:mod:`tfc_harness.sandbox`:
     no network, a read-only view, uid nobody); returns its JSON result.  The test data the spec names must lie
     in one directory, ``test_spec["dir"]``.  The model and the data are this process's own copies, opened to
-    every reader; the user's module file is copied, so that its own directory's permissions do not matter."""
+    every reader; the user's module file is copied, so that its own directory's permissions do not matter.
+    ``warm``: a :class:`WarmEvaluator` to hand them to, when they lie in its directory (else a new process)."""
     data_dir = Path(test_spec["dir"]).resolve()
+    if warm is not None and warm.serves(model_dir, data_dir):
+        proc = warm.evaluate(model_dir, module_path, test_spec, timeout_s)
+    else:
+        proc = _evaluate_fresh(model_dir, module_path, test_spec, data_dir, timeout_s)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise VerificationError(f"evaluating {model_dir} failed (exit {proc.returncode}): "
+                                f"{proc.stderr.strip()[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def _evaluate_fresh(model_dir: str | os.PathLike, module_path: str, test_spec: dict, data_dir: Path,
+                    timeout_s: float) -> subprocess.CompletedProcess:
     for tree in (Path(model_dir), data_dir):
         sandbox.open_to_all(tree)
     with tempfile.TemporaryDirectory(prefix="tfc-verify-") as staging:
         module = Path(staging) / Path(module_path).name
         shutil.copyfile(module_path, module)
         sandbox.open_to_all(Path(staging))
-        proc = sandbox.run("tfc_harness.evaluate", ["{model}", f"{{module}}/{module.name}",
+        return sandbox.run("tfc_harness.evaluate", ["{model}", f"{{module}}/{module.name}",
                                                     json.dumps(_inside(test_spec, data_dir, "{data}"))],
                            {"model": model_dir, "module": staging, "data": data_dir, "harness": HARNESS_PARENT,
                             "site": sandbox.site_packages()},
                            python_path=["{harness}", "{site}"], timeout_s=timeout_s)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise VerificationError(f"evaluating {model_dir} failed (exit {proc.returncode}): "
-                                f"{proc.stderr.strip()[-2000:]}")
-    return json.loads(lines[-1])
+
+
+class WarmEvaluator:
+    """:func:`evaluate_in_subprocess`'s process, started before the model exists (while the run trains) so
+    that its TensorFlow import is not on the verification's path: the sandbox binds the run's local copy
+    ``dest`` (empty then; :func:`verify_run` downloads the model and the test data into it) and a staging
+    directory for the module; the evaluator imports TensorFlow, then waits for its arguments on stdin. It
+    serves one evaluation; :meth:`close` ends it, used or not."""
+
+    def __init__(self, dest: str | os.PathLike):
+        self.used = False
+        self.dest = Path(dest).resolve()
+        self.dest.mkdir(parents=True, exist_ok=True)
+        self.staging = Path(tempfile.mkdtemp(prefix="tfc-verify-"))
+        sandbox.open_to_all(self.staging)
+        try:
+            self.proc = sandbox.start("tfc_harness.evaluate", ["--wait"],
+                                      {"dest": self.dest, "module": self.staging, "harness": HARNESS_PARENT,
+                                       "site": sandbox.site_packages()}, python_path=["{harness}", "{site}"])
+        except BaseException:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            raise
+
+    def serves(self, model_dir: str | os.PathLike, data_dir: str | os.PathLike) -> bool:
+        """Whether the model and the data lie in the bound directory and the process still waits."""
+        inside = all(self.dest in Path(p).resolve().parents for p in (model_dir, data_dir))
+        return inside and self.proc.poll() is None
+
+    def evaluate(self, model_dir: str | os.PathLike, module_path: str, test_spec: dict,
+                 timeout_s: float = EVAL_TIMEOUT_S) -> subprocess.CompletedProcess:
+        data_dir = Path(test_spec["dir"]).resolve()
+        for tree in (Path(model_dir), data_dir):
+            sandbox.open_to_all(tree)
+        module = self.staging / Path(module_path).name
+        shutil.copyfile(module_path, module)
+        sandbox.open_to_all(self.staging)
+        self.used = True
+        where = f"{sandbox.INSIDE}/dest"
+        args = [f"{where}/{Path(model_dir).resolve().relative_to(self.dest)}", f"{sandbox.INSIDE}/module/{module.name}",
+                json.dumps(_inside(test_spec, self.dest, where))]
+        try:
+            out, err = self.proc.communicate(json.dumps(args) + "\n", timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()     # unshare --kill-child takes the evaluator with it
+        self.proc.communicate()
+        shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def _inside(spec: dict, data_dir: Path, inside: str) -> dict:
@@ -103,9 +165,10 @@ def compare(recomputed: dict, published: dict) -> list[str]:
 
 
 def verify_run(s3_client, bucket: str, run_prefix: str, dest_dir: str | os.PathLike, module_path: str,
-               dataset_prefix: str, files: dict | None = None) -> dict:
+               dataset_prefix: str, files: dict | None = None, warm: WarmEvaluator | None = None) -> dict:
     """Verify the run at ``s3://bucket/run_prefix`` and evaluate its model on the test split the caller
-    names (``files``: the run settings' ``data``; None: the arrays under ``dataset_prefix``).
+    names (``files``: the run settings' ``data``; None: the arrays under ``dataset_prefix``); ``warm``: an
+    evaluator started for ``dest_dir`` while the run trained (:class:`WarmEvaluator`).
 
     Returns ``{"metrics" (recomputed: test_loss, test_<metric>..., n, headline), "published" (the chief's
     metrics.json), "files" (checked manifest keys), "model_dir"}``.  Raises :class:`VerificationError` or
@@ -131,7 +194,7 @@ def verify_run(s3_client, bucket: str, run_prefix: str, dest_dir: str | os.PathL
     checked = manifest.check_files(doc, dest)
     try:
         spec = inputs.verify_spec(s3_client, bucket, dataset_prefix, files, dest / "_verify")
-        recomputed = evaluate_in_subprocess(dest / manifest.MODEL_DIR, module_path, spec)
+        recomputed = evaluate_in_subprocess(dest / manifest.MODEL_DIR, module_path, spec, warm=warm)
     finally:
         shutil.rmtree(dest / "_verify", ignore_errors=True)   # the copy of the run keeps no test data
     published_metrics = json.loads((dest / publish.METRICS).read_text())
