@@ -217,10 +217,11 @@ def test_failed_training_fetches_logs_and_down_guard(home, artifacts, trained, t
         "                             keras.layers.Dense(10)])\n\n\n"
         "def make_optimizer(learning_rate):   # only the chief calls it: the controller's checks pass\n"
         "    raise RuntimeError('injected model failure')\n")
+    # one restart, not the default 3: each costs a back-off and a TensorFlow start, and fails the same way
     res = tfcluster(home, artifacts, "train", "--set", f"training.model={broken}",
-                    "--set", "max_runtime_minutes=5", timeout=900)
+                    "--set", "max_runtime_minutes=5", "--set", "training.max_restarts=1", timeout=900)
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr
-    assert "training failed" in res.stderr
+    assert "training failed" in res.stderr and "restarts 1)" in res.stderr, res.stderr[-3000:]
     run = json.loads((home / CLUSTER / "run.json").read_text())
     assert run["state"] == "failed"
     chief_log = home / CLUSTER / "logs" / run["run_id"] / f"{CLUSTER}-chief-0" / "node.log"
