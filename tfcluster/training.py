@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -150,8 +151,9 @@ class ChiefWatch:
     """One look at the chief per call: prints progress when it changed; returns the final status once
     its task has ended. Tolerates passing silences and errors, not lasting ones."""
 
-    def __init__(self, state: ClusterState, chief: Node, poll_s: float, streamers: list[Node] = ()):
-        self.state, self.chief, self.poll_s = state, chief, poll_s
+    def __init__(self, state: ClusterState, chief: Node, poll_s: float, streamers: list[Node] = (),
+                 on_training: Callable[[], None] | None = None):
+        self.state, self.chief, self.poll_s, self.on_training = state, chief, poll_s, on_training
         self.last_line, self.misses, self.errors, self.first = "", 0, 0, None
         self.streamers, self.data_mb_s, self.data_due = list(streamers), None, 0.0
 
@@ -173,6 +175,9 @@ class ChiefWatch:
         self.misses = 0
         sup, task = got.get("supervisor", {}), got.get("task") or {}
         self._show(_progress_line(task, sup, self._eta(task), self._data_rate()))
+        if self.on_training and task.get("phase") == "training" and task.get("step", 0) > 0:
+            self.on_training, call = None, self.on_training
+            call()
         return got if sup.get("state") in TERMINAL_TASK_STATES else None
 
     def _data_rate(self) -> float | None:
@@ -207,10 +212,11 @@ class ChiefWatch:
 
 
 def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 1.0,
-                   streamers: list[Node] = ()) -> dict:
+                   streamers: list[Node] = (), on_training: Callable[[], None] | None = None) -> dict:
     """Poll the chief's status and print progress until its task ends; return the last status.
-    ``streamers``: the tasks streaming files from S3, whose summed read rate the progress line shows."""
-    final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers), timeout_s, poll_s)
+    ``streamers``: the tasks streaming files from S3, whose summed read rate the progress line shows;
+    ``on_training``: called once, when the chief first reports a training step."""
+    final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers, on_training), timeout_s, poll_s)
     if final is None:
         raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
     return final
@@ -258,32 +264,42 @@ def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
         runrecord.write(state, run)
         say(f"run {run['run_id']} was published before it was stopped: verifying it instead of training again")
         return verify(spec, run)
-    with _warm_evaluator(spec, run) as warm:
-        final = _run_tasks(spec, state, nodes, run, settings)
-        return _conclude(spec, state, nodes, run, final, warm)
+    shared = get_provider(spec.provider, state).shares_controller_cores
+    with _AheadEvaluator(_local_copy(spec, run), enabled=not shared) as ahead:
+        final = _run_tasks(spec, state, nodes, run, settings, on_training=ahead.start)
+        return _conclude(spec, state, nodes, run, final, ahead.warm)
 
 
-@contextmanager
-def _warm_evaluator(spec: RunSpec, run: dict):
-    """The verifier's evaluator, started as the run starts (``tfc_harness.verify.WarmEvaluator``): its
-    TensorFlow import (~3 s here) happens while the tasks train, not between the chief's exit and 'model
-    verified'. None where the sandbox cannot run (the verification then says why); ended whatever happens."""
-    from tfc_harness import sandbox
-    from tfc_harness import verify as harness_verify
+class _AheadEvaluator:
+    """The verifier's evaluator (``tfc_harness.verify.WarmEvaluator``), started once the chief reports its
+    first training step: its TensorFlow import (~3 s here) then happens while the tasks train, not between
+    the chief's exit and 'model verified'. Not ``enabled`` where the nodes share the controller's cores
+    (the local provider): there the import slowed the training loop by about what it saved the verification
+    (``make bench``, digits under parameter_server, 2 runs each: loop 6.5/9.5 s against 5.1/6.0 s, the whole
+    `train` 25.8/28.6 s against 25.4/27.0 s; at nice 19, loop 7.6/5.7 s against 5.5/5.0 s). None where the
+    sandbox cannot run (the verification then says why); ended whatever happens."""
 
-    warm = None
-    if sandbox.available() is None:
-        try:
-            warm = harness_verify.WarmEvaluator(_local_copy(spec, run))
-        except OSError as exc:      # the verification starts its own evaluator instead
-            say(f"warning: could not start the evaluator ahead of the run ({exc}); verification starts one")
-    try:
-        yield warm
-    finally:
-        if warm is not None:
-            warm.close()
-            if warm.dest.is_dir() and not any(warm.dest.iterdir()):   # nothing verified: no empty copy left
-                warm.dest.rmdir()
+    def __init__(self, dest: Path, enabled: bool = True):
+        self.dest, self.enabled, self.warm = dest, enabled, None
+
+    def start(self) -> None:
+        from tfc_harness import sandbox
+        from tfc_harness import verify as harness_verify
+
+        if self.enabled and self.warm is None and sandbox.available() is None:
+            try:
+                self.warm = harness_verify.WarmEvaluator(self.dest)
+            except OSError as exc:      # the verification starts its own evaluator instead
+                say(f"warning: could not start the evaluator ahead of verification ({exc}); it starts one then")
+
+    def __enter__(self) -> _AheadEvaluator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.warm is not None:
+            self.warm.close()
+            if self.warm.dest.is_dir() and not any(self.warm.dest.iterdir()):   # nothing verified: no empty copy
+                self.warm.dest.rmdir()
 
 
 def _published(spec: RunSpec, settings: dict) -> bool:
@@ -389,9 +405,11 @@ def preemption_vars(provider) -> dict:
             "tf_node_metadata_url": url}
 
 
-def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, settings: dict) -> dict:
-    """Start ps and workers, then the chief; follow the chief until its task ends. On Ctrl-C or a failure
-    every task is stopped and the logs fetched before the error goes on."""
+def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, settings: dict,
+               on_training: Callable[[], None] | None = None) -> dict:
+    """Start ps and workers, then the chief; follow the chief until its task ends (``on_training``: called
+    once, when it first reports a training step). On Ctrl-C or a failure every task is stopped and the logs
+    fetched before the error goes on."""
     provider = get_provider(spec.provider, state)
     extra = _extra_vars(state, "train-vars.json", {"tf_node_run": settings, "tf_node_deadline": run["deadline"],
                                                    "tf_node_max_restarts": spec.training.max_restarts,
@@ -407,7 +425,8 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
         with phase("training"):
             readers = strategies.TRAINING_JOBS[spec.strategy]     # the tasks that stream their own files
             streamers = [n for n in nodes if n.role in readers] if settings.get("data") else []
-            return wait_for_chief(state, chief, settings["max_runtime_s"] + 120, streamers=streamers)
+            return wait_for_chief(state, chief, settings["max_runtime_s"] + 120, streamers=streamers,
+                                  on_training=on_training)
     except (KeyboardInterrupt, TfclusterError) as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         run["state"] = RunState.INTERRUPTED if interrupted else RunState.FAILED
@@ -523,7 +542,7 @@ def _local_copy(spec: RunSpec, run: dict) -> Path:
 
 def verify(spec: RunSpec, run: dict, warm=None) -> dict:
     """Read the published model back from S3, check every hash, evaluate it in a fresh process (``warm``: one
-    started for this run while it trained, see :func:`_warm_evaluator`)."""
+    started for this run while it trained, see :class:`_AheadEvaluator`)."""
     state = ClusterState(spec.cluster)
     settings = run_settings(spec, run["run_id"], run)
     dest = _local_copy(spec, run)

@@ -184,6 +184,13 @@ def check_warm_evaluator(s3_client, module: str, dataset: str, tmp_path, fresh: 
     warm = verify.WarmEvaluator(tmp_path / "verify-warm")
     try:
         assert warm.proc.poll() is None
+        def nice() -> int:
+            return int(Path(f"/proc/{warm.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+        deadline = time.monotonic() + 10       # `nice` sets it, then becomes the sandbox
+        while nice() != verify.WAIT_NICE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert nice() == verify.WAIT_NICE          # it waits on the CPU training leaves idle
         result = verify.verify_run(s3_client, BUCKET, "runs/e2e/b", tmp_path / "verify-warm", module, dataset,
                                    warm=warm)
         assert warm.used and warm.proc.returncode == 0, warm.proc.args     # it evaluated (not a new process)

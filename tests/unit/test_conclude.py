@@ -38,7 +38,7 @@ def _record_spans(monkeypatch, verify_result):
         assert (tags, console, forks) == ("finish", False, len(NODES))
         return True
 
-    def verify(_spec, run):
+    def verify(_spec, run, warm=None):
         started = time.monotonic()
         time.sleep(0.3)
         spans["verify"] = (started, time.monotonic())
@@ -123,3 +123,34 @@ def test_an_unverified_run_is_finished_first_only_when_its_finish_was_cut_short(
     spec = type("Spec", (), {"cluster": "c"})()
     training.train(spec)
     assert calls == (["finish", "verify"] if finished else ["verify"])
+
+
+def test_the_chief_watch_calls_on_training_once_at_the_first_training_step(state, monkeypatch):
+    reports = iter([None, {"supervisor": {"state": "running"}, "task": {"phase": "starting", "step": 0}},
+                    {"supervisor": {"state": "running"}, "task": {"phase": "training", "step": 0, "total": 10}},
+                    {"supervisor": {"state": "running"}, "task": {"phase": "training", "step": 3, "total": 10}},
+                    {"supervisor": {"state": "running"}, "task": {"phase": "training", "step": 7, "total": 10}},
+                    {"supervisor": {"state": "succeeded"}, "task": {"phase": "done", "step": 10, "total": 10}}])
+    monkeypatch.setattr(training.remote, "task_status", lambda *a, **kw: next(reports))
+    calls = []
+    watch = training.ChiefWatch(state, NODES[0], 0.01, on_training=lambda: calls.append(watch.last_line))
+    seen = [watch() for _ in range(6)]
+    assert seen[-1]["supervisor"]["state"] == "succeeded" and seen[:-1] == [None] * 5
+    assert len(calls) == 1 and "step 3/10" in calls[0], calls     # once, at the first step trained
+
+
+def test_the_evaluator_ahead_is_not_started_where_the_nodes_share_the_controllers_cores(tmp_path, monkeypatch):
+    from tfcluster.providers import get_provider
+
+    started = []
+    monkeypatch.setattr("tfc_harness.verify.WarmEvaluator", lambda dest: started.append(dest) or "warm")
+    monkeypatch.setattr("tfc_harness.sandbox.available", lambda: None)
+    assert get_provider("local", None).shares_controller_cores and not get_provider("aws", None).shares_controller_cores
+    with training._AheadEvaluator(tmp_path / "local", enabled=False) as ahead:
+        ahead.start()
+        assert ahead.warm is None
+    with training._AheadEvaluator(tmp_path / "cloud", enabled=True) as ahead:
+        ahead.start()
+        ahead.start()
+        assert ahead.warm == "warm" and started == [tmp_path / "cloud"]    # one, on the first call
+        ahead.warm = None                                                  # (nothing to close: a stand-in)

@@ -86,6 +86,7 @@ class LocalProvider(TerraformProvider):
     unsupported = {"gpus": "local nodes share this machine and have no GPUs",
                    "spot": "there is no market for namespaces"}
     options_model = LocalOptions
+    shares_controller_cores = True     # namespaces on this machine: the tasks' thread pools share its cores
 
     def check(self, spec: RunSpec) -> None:
         super().check(spec)

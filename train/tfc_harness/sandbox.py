@@ -112,8 +112,24 @@ def run(module: str, args: list[str], binds: dict[str, str | os.PathLike], *, py
 
 
 def start(module: str, args: list[str], binds: dict[str, str | os.PathLike], *,
-          python_path: list[str]) -> subprocess.Popen:
-    """:func:`run`'s process, started and left running with a pipe to its stdin (its output piped too). A
-    bound directory is bound as it is then: files put into it later are seen inside, read-only."""
-    return subprocess.Popen(_command(module, args, binds, python_path), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          python_path: list[str], nice: int = 0) -> subprocess.Popen:
+    """:func:`run`'s process, started and left running with a pipe to its stdin (its output piped too), at
+    ``nice`` (see :func:`renice`). A bound directory is bound as it is then: files put into it later are
+    seen inside, read-only."""
+    return subprocess.Popen(["nice", "-n", str(nice), *_command(module, args, binds, python_path)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def renice(pid: int, nice: int) -> None:
+    """Every thread of ``pid`` and of its descendants to ``nice`` (a process's niceness is its threads':
+    TensorFlow's pools started at the old one)."""
+    pending = [pid]
+    while pending:
+        proc = Path(f"/proc/{pending.pop()}")
+        try:
+            threads = [int(t.name) for t in (proc / "task").iterdir()]
+            for tid in threads:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+                pending += [int(c) for c in (proc / "task" / str(tid) / "children").read_text().split()]
+        except (OSError, ValueError):   # the process or a thread ended meanwhile
+            continue

@@ -31,6 +31,10 @@ from . import inputs, manifest, publish, s3io, sandbox
 
 HARNESS_PARENT = Path(__file__).resolve().parent.parent   # the dir holding tfc_harness/
 EVAL_TIMEOUT_S = 600
+#: the niceness a WarmEvaluator waits at: its TensorFlow import takes only CPU the training leaves idle (on the
+#: local provider the controller shares its cores with the nodes: at the same priority, the import slowed the
+#: training loop by about what it saved the verification)
+WAIT_NICE = 19
 TOLERANCE = 1e-3      # |verifier - chief| <= TOLERANCE * max(1, |chief|) for every test_* figure
 
 
@@ -88,8 +92,9 @@ class WarmEvaluator:
     """:func:`evaluate_in_subprocess`'s process, started before the model exists (while the run trains) so
     that its TensorFlow import is not on the verification's path: the sandbox binds the run's local copy
     ``dest`` (empty then; :func:`verify_run` downloads the model and the test data into it) and a staging
-    directory for the module; the evaluator imports TensorFlow, then waits for its arguments on stdin. It
-    serves one evaluation; :meth:`close` ends it, used or not."""
+    directory for the module; the evaluator imports TensorFlow at :data:`WAIT_NICE`, then waits for its
+    arguments on stdin, which it is given at the caller's priority. It serves one evaluation; :meth:`close`
+    ends it, used or not."""
 
     def __init__(self, dest: str | os.PathLike):
         self.used = False
@@ -100,7 +105,8 @@ class WarmEvaluator:
         try:
             self.proc = sandbox.start("tfc_harness.evaluate", ["--wait"],
                                       {"dest": self.dest, "module": self.staging, "harness": HARNESS_PARENT,
-                                       "site": sandbox.site_packages()}, python_path=["{harness}", "{site}"])
+                                       "site": sandbox.site_packages()}, python_path=["{harness}", "{site}"],
+                                      nice=WAIT_NICE)
         except BaseException:
             shutil.rmtree(self.staging, ignore_errors=True)
             raise
@@ -118,6 +124,7 @@ class WarmEvaluator:
         module = self.staging / Path(module_path).name
         shutil.copyfile(module_path, module)
         sandbox.open_to_all(self.staging)
+        sandbox.renice(self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0))    # its turn now: the caller's priority
         self.used = True
         where = f"{sandbox.INSIDE}/dest"
         args = [f"{where}/{Path(model_dir).resolve().relative_to(self.dest)}", f"{sandbox.INSIDE}/module/{module.name}",
