@@ -17,6 +17,12 @@ PYTHON = sys.executable
 os.environ.setdefault("TFCLUSTER_CACHE", str(REPO / ".tfcluster"))
 
 
+#: a subnet nothing routes here (auto subnets are 10.231.<k>.0/24): for tests that validate a configuration
+#: without bringing it up, which the local provider refuses while another cluster is on its subnet (the
+#: default cluster's auto subnet is a developer's own cluster's, if one is up)
+QUIET_SUBNET = "10.230.7.0/24"
+
+
 def run_cli(*args: str, home: Path, env: dict | None = None, timeout: int = 600,
             cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Run ``python -m tfcluster ARGS`` with state under ``home``."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import QUIET_SUBNET, run_cli
 from tfcluster import config
 from tfcluster.errors import ConfigError
 
@@ -135,7 +135,7 @@ def test_cli_missing_config_file(home):
 
 
 def test_validate_prints_resolved_config(home):
-    res = run_cli("validate", "--workers", "3", home=home, timeout=60)
+    res = run_cli("validate", "--workers", "3", "--set", f"network.subnet={QUIET_SUBNET}", home=home, timeout=60)
     assert res.returncode == 0, res.stderr
     assert '"count": 3' in res.stdout
     assert "configuration is valid" in res.stderr

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from tests.conftest import QUIET_SUBNET
 from tfcluster import cgroup, config
 from tfcluster.errors import ConfigError
 from tfcluster.paths import ClusterState
@@ -41,7 +42,8 @@ def test_bad_node_memory_refused_naming_field_value_and_range(value):
 
 def test_node_memory_refused_where_there_is_no_memory_cgroup(tmp_path, monkeypatch):
     monkeypatch.setattr(cgroup, "hierarchy", lambda fs=cgroup.CGROUP_FS: None)
-    spec = config.resolve(overrides={"provider_options": {"node_memory_mb": "512"}})
+    spec = config.resolve(overrides={"provider_options": {"node_memory_mb": "512"},
+                                     "network.subnet": QUIET_SUBNET})
     with pytest.raises(ConfigError) as err:
         LocalProvider(ClusterState("x", root=tmp_path)).check(spec)
     assert err.value.field == FIELD and "no writable memory cgroup controller" in err.value.allowed
