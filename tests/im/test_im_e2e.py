@@ -60,6 +60,10 @@ def test_make_up_train_down_with_im(run):
     assert train.returncode == 0, train.stdout[-6000:] + train.stderr[-3000:]
     acc = float(re.search(r"^test accuracy: ([0-9.]+)$", train.stdout, re.M).group(1))
     assert acc >= 0.90, train.stdout[-3000:]
+    # IM's nodes are VMs of their own (not the controller's cores): verification's evaluator was started
+    # while the run trained (training._AheadEvaluator), and it is what verified the model
+    assert "in a fresh process (started while the run trained) and match the chief's" in train.stdout, \
+        train.stdout[-3000:]
     run_rec = json.loads((home / CLUSTER / "run.json").read_text())
     assert run_rec["state"] == "verified"
     bucket, prefix = re.match(r"s3://([^/]+)/(.+)/$", run_rec["s3_prefix"]).groups()
