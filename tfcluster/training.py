@@ -298,8 +298,6 @@ class _AheadEvaluator:
     def __exit__(self, *exc) -> None:
         if self.warm is not None:
             self.warm.close()
-            if self.warm.dest.is_dir() and not any(self.warm.dest.iterdir()):   # nothing verified: no empty copy
-                self.warm.dest.rmdir()
 
 
 def _published(spec: RunSpec, settings: dict) -> bool:

@@ -20,6 +20,8 @@ import pytest
 from harness_support import TRAIN_DIR, free_port, node_env, render_entry, s3_scalars
 from tfc_harness import data, publish, sandbox, verify
 
+from tfcluster.poll import wait_until
+
 # Defaults recommended for the digits model: ~300 steps reach >= 0.95 test accuracy in a few seconds of
 # training on 2 cores (100 steps already give ~0.95; the margin covers unlucky shuffles).
 STEPS = 300
@@ -187,10 +189,8 @@ def check_warm_evaluator(s3_client, module: str, dataset: str, tmp_path, fresh: 
         def nice() -> int:
             return int(Path(f"/proc/{warm.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
-        deadline = time.monotonic() + 10       # `nice` sets it, then becomes the sandbox
-        while nice() != verify.WAIT_NICE and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert nice() == verify.WAIT_NICE          # it waits on the CPU training leaves idle
+        # `nice` sets it, then becomes the sandbox; it waits on the CPU training leaves idle
+        assert wait_until(lambda: nice() == verify.WAIT_NICE, 10, 0.05), nice()
         result = verify.verify_run(s3_client, BUCKET, "runs/e2e/b", tmp_path / "verify-warm", module, dataset,
                                    warm=warm)
         assert warm.used and warm.proc.returncode == 0, warm.proc.args     # it evaluated (not a new process)
@@ -201,3 +201,4 @@ def check_warm_evaluator(s3_client, module: str, dataset: str, tmp_path, fresh: 
     unused = verify.WarmEvaluator(tmp_path / "verify-unused")
     unused.close()
     assert unused.proc.returncode is not None and not unused.staging.exists()
+    assert not (tmp_path / "verify-unused").exists()       # the copy's directory it made, left empty

@@ -7,7 +7,6 @@ import http.server
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.harness_support import free_port
 from tfcluster import aptproxy
 from tfcluster.poll import wait_until
 
@@ -161,9 +161,3 @@ def test_a_proxy_whose_pid_file_is_missing_is_still_found_and_stopped(tmp_path):
     finally:
         if pid and Path(f"/proc/{pid}").exists():
             os.kill(pid, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

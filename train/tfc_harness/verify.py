@@ -73,14 +73,20 @@ def evaluate_in_subprocess(model_dir: str | os.PathLike, module_path: str, test_
     return json.loads(lines[-1])
 
 
-def _evaluate_fresh(model_dir: str | os.PathLike, module_path: str, test_spec: dict, data_dir: Path,
-                    timeout_s: float) -> subprocess.CompletedProcess:
+def _stage(model_dir: str | os.PathLike, data_dir: Path, module_path: str, staging: Path) -> Path:
+    """Open the model and the data to the sandbox's user and copy the module into ``staging``; its copy."""
     for tree in (Path(model_dir), data_dir):
         sandbox.open_to_all(tree)
+    module = staging / Path(module_path).name
+    shutil.copyfile(module_path, module)
+    sandbox.open_to_all(staging)
+    return module
+
+
+def _evaluate_fresh(model_dir: str | os.PathLike, module_path: str, test_spec: dict, data_dir: Path,
+                    timeout_s: float) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory(prefix="tfc-verify-") as staging:
-        module = Path(staging) / Path(module_path).name
-        shutil.copyfile(module_path, module)
-        sandbox.open_to_all(Path(staging))
+        module = _stage(model_dir, data_dir, module_path, Path(staging))
         return sandbox.run("tfc_harness.evaluate", ["{model}", f"{{module}}/{module.name}",
                                                     json.dumps(_inside(test_spec, data_dir, "{data}"))],
                            {"model": model_dir, "module": staging, "data": data_dir, "harness": HARNESS_PARENT,
@@ -94,11 +100,12 @@ class WarmEvaluator:
     ``dest`` (empty then; :func:`verify_run` downloads the model and the test data into it) and a staging
     directory for the module; the evaluator imports TensorFlow at :data:`WAIT_NICE`, then waits for its
     arguments on stdin, which it is given at the caller's priority. It serves one evaluation; :meth:`close`
-    ends it, used or not."""
+    ends it, used or not (and removes ``dest`` if it made it and nothing was put there)."""
 
     def __init__(self, dest: str | os.PathLike):
         self.used = False
         self.dest = Path(dest).resolve()
+        self._made_dest = not self.dest.exists()
         self.dest.mkdir(parents=True, exist_ok=True)
         self.staging = Path(tempfile.mkdtemp(prefix="tfc-verify-"))
         sandbox.open_to_all(self.staging)
@@ -118,12 +125,7 @@ class WarmEvaluator:
 
     def evaluate(self, model_dir: str | os.PathLike, module_path: str, test_spec: dict,
                  timeout_s: float = EVAL_TIMEOUT_S) -> subprocess.CompletedProcess:
-        data_dir = Path(test_spec["dir"]).resolve()
-        for tree in (Path(model_dir), data_dir):
-            sandbox.open_to_all(tree)
-        module = self.staging / Path(module_path).name
-        shutil.copyfile(module_path, module)
-        sandbox.open_to_all(self.staging)
+        module = _stage(model_dir, Path(test_spec["dir"]).resolve(), module_path, self.staging)
         sandbox.renice(self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0))    # its turn now: the caller's priority
         self.used = True
         where = f"{sandbox.INSIDE}/dest"
@@ -141,6 +143,8 @@ class WarmEvaluator:
             self.proc.kill()     # unshare --kill-child takes the evaluator with it
         self.proc.communicate()
         shutil.rmtree(self.staging, ignore_errors=True)
+        if self._made_dest and self.dest.is_dir() and not any(self.dest.iterdir()):
+            self.dest.rmdir()
 
 
 def _inside(spec: dict, data_dir: Path, inside: str) -> dict:
