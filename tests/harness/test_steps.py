@@ -1,7 +1,8 @@
 """``steps.run_steps``: exactly ``n`` steps per call, and the last step's loss averaged over the replicas.
 
 Run under a MirroredStrategy of two replicas (two logical CPUs in a fresh process), the shape a node with two
-GPUs gives each task: a step's per-replica losses are then no plain tensor, and only the last one is reduced.
+GPUs gives each task: a step's per-replica losses are then no plain tensor; each step averages its own, and
+one reduction after the loop gives the mean over every replica.
 The learning rate is 0, so each step's loss is the batch's own: example i is ``x = 1, y = i`` against a
 weight of 0, a squared error of ``i**2``; step s gives replica 0 example 2s and replica 1 example 2s+1.
 """
