@@ -35,8 +35,9 @@ def test_train_runs_every_step_checkpoints_at_boundaries_and_reports(tmp_path):
 
     state = ChiefState(tmp_path, total=250)
     state.step = 20          # resumed
-    seconds = loop.train(train_fn, state, examples_per_step=4, checkpoint_every=100, save=saved.append)
+    took = loop.train(train_fn, state, examples_per_step=4, checkpoint_every=100, save=saved.append)
     assert sum(calls) == 230 and calls[0] == loop.FIRST_CHUNK
+    assert took.first_call_steps == loop.FIRST_CHUNK and 0 < took.first_call_seconds < took.seconds
     assert saved == [100, 200, 250]
     done = 20
     for n in calls:          # no call crosses a checkpoint boundary
@@ -44,7 +45,14 @@ def test_train_runs_every_step_checkpoints_at_boundaries_and_reports(tmp_path):
         done += n
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["phase"] == "training" and status["step"] == 250 and status["total"] == 250
-    assert status["loss"] == 0.5 and status["examples_per_sec"] > 0 and seconds > 0
+    assert status["loss"] == 0.5 and status["examples_per_sec"] > 0
+
+
+def test_examples_per_sec_after_the_first_call():
+    took = loop.LoopTime(seconds=5.0, first_call_steps=20, first_call_seconds=2.0)
+    assert took.examples_per_sec_after_first_call(320, examples_per_step=64) == 300 * 64 / 3.0
+    assert loop.LoopTime(2.0, 20, 2.0).examples_per_sec_after_first_call(20, 64) is None   # one call was all
+    assert loop.LoopTime(0.0).examples_per_sec_after_first_call(0, 64) is None             # nothing left to train
 
 
 def test_peer_monitor_counts_losses_and_rejoins():

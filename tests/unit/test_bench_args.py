@@ -80,6 +80,11 @@ def test_rows_put_the_plain_process_beside_each_run():
               "plain": {"digits": {"examples_per_sec": 6400.0, "step_ms": 10.0}}}
     (row,) = bench.rows(report)
     assert row["ratio"] == 0.5 and row["coordination_ms_per_step"] == 10.0 and row["plain_step_ms"] == 10.0
+    assert row["ratio_after_first_call"] is None           # a run that published no such figure
+    train["examples_per_sec_after_first_call"] = 4800.0
+    (row,) = bench.rows(report)
+    assert row["cluster_eps_after_first_call"] == 4800.0 and row["ratio_after_first_call"] == 0.75
+    assert row["coordination_ms_per_step_after_first_call"] == 3.33
     assert row["peak_rss_mb"] == {"c-chief-0": 700.0} and row["strategy"] == "parameter_server"
 
 
@@ -94,6 +99,7 @@ def test_outside_the_loop_is_up_configure_the_first_train_less_its_loop_and_down
 def test_the_report_ends_with_each_figure_beside_its_target(capsys):
     bench = _bench()
     train = {"model": "shapes32", "threads": "share", "examples_per_sec": 900.0, "load_before": "1.00 1.00 1.00",
+             "examples_per_sec_after_first_call": 950.0,
              "phases_s": {"training_loop": 12.0, "train": 30.0, "tasks_started_to_chief_exit": 20.0,
                           "publish": 1.0, "verify": 3.0},
              "tasks": {"c-chief-0": {"peak_rss_mb": 700.0, "threads": "intra-op 1, inter-op 2"}}}
@@ -109,6 +115,8 @@ def test_the_report_ends_with_each_figure_beside_its_target(capsys):
     got = {name: (value, target, met) for name, value, target, met in bench.target_rows(report)}
     assert got["ratio shapes32 multi_worker_mirrored"] == (0.9, ">= 0.9", True)
     assert got["coordination ms/step shapes32 multi_worker_mirrored"] == (7.11, "<= 1", False)
+    assert got["  after the first call: ratio shapes32 multi_worker_mirrored"] == (0.95, ">= 0.9", True)
+    assert got["  after the first call: coordination ms/step shapes32 multi_worker_mirrored"] == (3.37, "<= 1", False)
     assert got["all but the training loop, 3 nodes, multi_worker_mirrored (s)"] == (32.0, "<= 30", False)
     assert got["configure 12 nodes / 4 nodes"] == (1.2, "<= 1.3", True)
     assert got["second configure, % of the first, 4 nodes"] == (7.5, "<= 10", True)

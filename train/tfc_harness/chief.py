@@ -101,7 +101,7 @@ class Trained:
 
     model: object
     restored: int
-    train_seconds: float
+    loop_time: loop.LoopTime
     monitor: PeerMonitor
 
 
@@ -150,11 +150,11 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
     with PeerMonitor(settings.peers()) as monitor, \
             watchdogs.StallWatchdog(state, settings.stall_timeout_s or watchdogs.DEFAULT_STALL_TIMEOUT_S), \
             preemption.Notices(settings, watch_s3, strategy.agree_to_stop) as notices:
-        train_seconds = loop.train(train_fn, state, examples_per_step=strategy.examples_per_step(),
+        loop_time = loop.train(train_fn, state, examples_per_step=strategy.examples_per_step(),
                                    checkpoint_every=settings.checkpoint_every, save=save,
                                    steps_per_call=strategy.steps_per_call(), on_report=job.summaries.training,
                                    notices=notices)
-    return Trained(model, restored, train_seconds, monitor)
+    return Trained(model, restored, loop_time, monitor)
 
 
 def conclude(settings: Settings, strategy: Strategy, state: ChiefState, client, job: Job, trained: Trained) -> None:
@@ -222,10 +222,12 @@ def evaluate(state: ChiefState, job: Job, model) -> dict:
 def training_metrics(settings: Settings, strategy: Strategy, trained: Trained) -> dict:
     """The published metrics about training itself (this run's part of it, from ``trained.restored`` on)."""
     done = settings.steps - trained.restored
-    seconds = trained.train_seconds
+    seconds, per_step = trained.loop_time.seconds, strategy.examples_per_step()
+    after_first_call = trained.loop_time.examples_per_sec_after_first_call(done, per_step)
     return {
         "steps": settings.steps,
-        "examples_per_sec": round(done * strategy.examples_per_step() / seconds, 1) if seconds > 0 and done else 0.0,
+        "examples_per_sec": round(done * per_step / seconds, 1) if seconds > 0 and done else 0.0,
+        "examples_per_sec_after_first_call": after_first_call and round(after_first_call, 1),
         "train_seconds": round(seconds, 3),
         "workers": settings.num_training_tasks,
         "restored_from_step": trained.restored,

@@ -9,6 +9,7 @@ instead (:meth:`tfc_harness.strategies.Strategy.steps_per_call`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -17,6 +18,22 @@ from .status import ChiefState, Progress
 
 FIRST_CHUNK = 10
 CHUNK_TARGET_S = 0.5      # aim for this much work per train(n) call
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopTime:
+    """How long the loop took, and its first ``train(n)`` call apart: that call traces the step function (and
+    under a synchronous strategy sets up the collectives), which a plain process's warm-up steps also do."""
+
+    seconds: float
+    first_call_steps: int = 0
+    first_call_seconds: float = 0.0
+
+    def examples_per_sec_after_first_call(self, steps: int, examples_per_step: int) -> float | None:
+        """Examples/s of the loop's ``steps`` less the first call's (checkpoints included); None when the
+        first call was the whole loop."""
+        rest_steps, rest_s = steps - self.first_call_steps, self.seconds - self.first_call_seconds
+        return rest_steps * examples_per_step / rest_s if rest_steps > 0 and rest_s > 0 else None
 
 
 def log(msg: str) -> None:
@@ -47,8 +64,8 @@ def _report(state: ChiefState, progress: Progress, step: int, losses: list[float
 
 def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples_per_step: int,
           checkpoint_every: int, save: Callable[[int], None], steps_per_call: int | None = None,
-          on_report: Callable[[int, float, float], None] | None = None, notices=None) -> float:
-    """Run ``train_fn`` from ``state.step`` to ``state.total``; returns the seconds spent training.
+          on_report: Callable[[int, float, float], None] | None = None, notices=None) -> LoopTime:
+    """Run ``train_fn`` from ``state.step`` to ``state.total``; returns how long it took (:class:`LoopTime`).
 
     ``steps_per_call`` fixes the chunk size (a synchronous strategy's tasks must all call ``train_fn`` with
     the same sequence of step counts); None adapts it to how long calls take.  ``on_report(step, loss,
@@ -59,6 +76,7 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
     progress = Progress(total, examples_per_step, start_step=step)
     state.report("training")
     chunk = steps_per_call or FIRST_CHUNK
+    first_call: tuple[int, float] | None = None
     while step < total:
         boundary = next_boundary(step, checkpoint_every, total)
         n = max(1, min(chunk, boundary - step))
@@ -66,6 +84,7 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
         losses = train_fn(n)
         step += n
         chunk = steps_per_call or next_chunk(n, time.monotonic() - started)
+        first_call = first_call or (n, progress.elapsed())
         _report(state, progress, step, losses, on_report)
         if step == boundary:
             save(step)
@@ -73,4 +92,4 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
             if step != boundary:
                 save(step)
             raise Preempted(step, notices.who)
-    return progress.elapsed()
+    return LoopTime(progress.elapsed(), *(first_call or (0, 0.0)))
