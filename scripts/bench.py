@@ -353,7 +353,8 @@ def print_report(report: dict) -> None:
             print(f"{r['model']:<9} {r['strategy']:<22} {r['threads']:<10} {r['cluster_eps']:>12.0f} "
                   f"{r['plain_eps']:>10.0f} {fmt(r['ratio'], '>6.2f'):>6} "
                   f"{fmt(r['coordination_ms_per_step'], '>13.2f'):>13} "
-                  f"{fmt(r['cluster_eps_after_first_call'], '>20.0f'):>20} {fmt(r['ratio_after_first_call'], '>6.2f'):>6} "
+                  f"{fmt(r['cluster_eps_after_first_call'], '>20.0f'):>20} "
+                  f"{fmt(r['ratio_after_first_call'], '>6.2f'):>6} "
                   f"{fmt(r['coordination_ms_per_step_after_first_call'], '>6.2f'):>6} {r['plain_step_ms']:>13.2f} "
                   f"{fmt(r['loop_s'], '>7.1f'):>7} {fmt(r['train_s'], '>7.1f'):>7}  {peaks:<36} {r['load']}")
         for model, plain in report["plain"].items():

@@ -7,7 +7,8 @@ Layout (written in this order; readers trust a run only once ``_SUCCESS`` exists
     metrics.json     test_loss and test_<metric> for each of the module's metrics, headline (the key of
                      the first metric, else test_loss), test_examples, steps, examples_per_sec,
                      examples_per_sec_after_first_call (the loop less its first call, which traces the
-                     step function; null when that call was the whole loop), train_seconds, workers, restored_from_step (required), peer_failures, peer_rejoins,
+                     step function; null when that call was the whole loop), train_seconds, workers,
+                     restored_from_step (required), peer_failures, peer_rejoins,
                      data (what the run trained and was evaluated on: the arrays' prefix, named by their
                      sha256, or every file with its ETag, the format, label column and CSV header)
     _SUCCESS         empty marker, last
