@@ -105,6 +105,7 @@ def test_the_report_ends_with_each_figure_beside_its_target(capsys):
              "tasks": {"c-chief-0": {"peak_rss_mb": 700.0, "threads": "intra-op 1, inter-op 2"}}}
     report = {"cores": 2, "batch_size": 64, "learning_rate": 0.005, "load_start": "1", "load_end": "1",
               "image": "image tf-x", "plain": {"shapes32": {"examples_per_sec": 1000.0, "step_ms": 64.0, "steps": 150,
+                                                            "repeats_s": [9.9, 9.6, 9.7],
                                                             "peak_rss_mb": 700.0, "load": "1"}},
               "runs": [{"strategy": "multi_worker_mirrored", "cluster": "c",
                         "nodes": {"ps": 0, "worker": 2, "chief": 1},
@@ -125,3 +126,4 @@ def test_the_report_ends_with_each_figure_beside_its_target(capsys):
     out = capsys.readouterr().out
     assert "nodes mount image tf-x" in out and "targets (README, Benchmark)" in out
     assert "configure 12 nodes / 4 nodes" in out and out.rstrip().endswith("no")
+    assert "the fastest of 3 timings [9.9, 9.6, 9.7] s: 64.00 ms/step" in out
