@@ -7,7 +7,9 @@ inside tfcluster, and a crash in it must not take tfcluster down):
   result is cached under the cache root, keyed by the module's and the harness's content and the job's
   settings, so a second ``up`` with the same module does not import TensorFlow again;
 * :func:`prepare` (``train``, when a run starts): the run's data (stored by content, or listed and
-  assigned to workers) and a check of model, loss and metrics on a few real examples.
+  assigned to workers) and a check of model, loss and metrics on a few real examples; for module arrays a
+  passed check is recorded under the cache root (``_jobchecks/probes``), so a later run of the same module,
+  hparams and examples skips it and its TensorFlow import.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def job_args(spec: RunSpec) -> dict:
         "endpoint": store.endpoint_for(spec),
         "region": spec.storage.region,
         "dataset_base": dataset_base(spec),
+        "probe_cache": str(cache_root() / "_jobchecks" / "probes"),
     }
 
 

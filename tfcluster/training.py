@@ -386,7 +386,8 @@ def _data_line(spec: RunSpec, prepared: dict) -> str:
     if d["source"] == "arrays":
         return (f"data: make_dataset() of {job.model_name(spec)}, {d['rows']['train']} training and "
                 f"{d['rows']['test']} test examples, sha256 {d['sha256'][:12]}, s3://{d['bucket']}/{d['prefix']}/ "
-                + ("uploaded" if prepared.get("uploaded") else "already there (same content)"))
+                + ("uploaded" if prepared.get("uploaded") else "already there (same content)")
+                + ("; the model's check on it passed before" if prepared.get("probe") == "cached" else ""))
     return (f"data: {len(d['train'])} training files ({_size(sum(f['size'] for f in d['train']))}) and "
             f"{len(d['test'])} test files "
             f"({d['format']}) in s3://{d['bucket']}/, spread over {_readers(spec)}")

@@ -181,3 +181,47 @@ def test_tensorflow_noise_is_taken_out_of_messages():
     traced = ValueError("in user code:\n\n  File \"job.py\", line 7, in decode\n\n"
                         "AttributeError: 'SymbolicTensor' object has no attribute 'numpy'")
     assert prepare._first_line(traced) == "AttributeError: 'SymbolicTensor' object has no attribute 'numpy'"
+
+
+ARRAYS_MODEL = """
+    import numpy as np
+    CLASSES = 3
+    def make_dataset():
+        x = np.linspace(0, 1, 24, dtype=np.float32).reshape(12, 2)
+        return {"train": (x, np.arange(12) % 3), "test": (x[:4], np.array([0, 1, 2, 0]))}
+    def build_model():
+        import keras
+        return keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(CLASSES)])
+"""
+RUN_AND_SAY_IF_TENSORFLOW = ("import sys; from tfc_harness import prepare; rc = prepare.main(['run', sys.argv[1]]); "
+                             "print('tensorflow imported:', 'tensorflow' in sys.modules); sys.exit(rc)")
+
+
+def _run_arrays_job(args: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", RUN_AND_SAY_IF_TENSORFLOW, json.dumps(args)], capture_output=True,
+                          text=True, env=node_env(dict(S3_CREDENTIALS)), timeout=120)
+
+
+def test_a_passed_check_of_module_arrays_is_not_run_again(store, tmp_path):
+    args = dict(job(tmp_path, store, ARRAYS_MODEL, "", "", "csv"), data=None, probe_cache=str(tmp_path / "probes"))
+    outcomes = []
+    for _ in range(2):
+        proc = _run_arrays_job(args)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        result, imported = proc.stdout.splitlines()[-2:]
+        outcomes.append((json.loads(result), imported))
+    (first, first_imported), (second, second_imported) = outcomes
+    assert first["probe"] == "checked" and first_imported == "tensorflow imported: True"
+    assert second["probe"] == "cached" and second_imported == "tensorflow imported: False"   # not the second time
+    assert second["dataset_prefix"] == first["dataset_prefix"] and len(list((tmp_path / "probes").iterdir())) == 1
+
+    # another model in the same file is checked again: 2 classes while the labels go up to 2 fails the loss
+    (tmp_path / "job.py").write_text(textwrap.dedent(ARRAYS_MODEL.replace("CLASSES = 3", "CLASSES = 2")))
+    proc = _run_arrays_job(args)
+    assert proc.returncode == 2 and "the loss fails on labels of shape (4,)" in proc.stderr, proc.stderr[-2000:]
+    assert len(list((tmp_path / "probes").iterdir())) == 1                      # a failed check leaves no stamp
+
+    # other examples are checked again
+    (tmp_path / "job.py").write_text(textwrap.dedent(ARRAYS_MODEL.replace("[0, 1, 2, 0]", "[2, 1, 0, 0]")))
+    proc = _run_arrays_job(args)
+    assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-2])["probe"] == "checked", proc.stderr

@@ -13,21 +13,28 @@ Nothing is read from storage.  ``validate`` and ``up`` run it.
   (disjoint, balanced by size), reads a CSV header;
 
 then reads a few test and training examples, builds the model and runs it, its loss and its metrics on
-them (:func:`tfc_harness.usermodel.check_batch`).  ``train`` runs it when a run starts.
+them (:func:`tfc_harness.usermodel.check_batch`).  ``train`` runs it when a run starts.  For module arrays,
+a passed check leaves a stamp in ``probe_cache`` (when the job names one) keyed by the module, the hparams,
+the examples checked, the harness files that check them and the TensorFlow and Keras releases: a later run
+of the same job finds it and does not import TensorFlow (~3 s here); a change to any of those checks again.
 
 The JSON argument: ``{"module": path, "hparams": {}, "data": {"train", "test", "format", "label"} | null,
-"workers": n, "bucket", "endpoint", "region", "dataset_base": "datasets/<model>"}`` (S3 credentials from
-the environment); ``workers`` is the number of training tasks (:func:`tfc_harness.strategies.training_tasks`),
-each of which gets its own files.  The result is one JSON line on stdout.  A problem in the user's module or
-data is one line ``ERROR: ...`` on stderr and exit status 2; a storage failure exit status 1.
+"workers": n, "bucket", "endpoint", "region", "dataset_base": "datasets/<model>", "probe_cache": dir | null}``
+(S3 credentials from the environment); ``workers`` is the number of training tasks
+(:func:`tfc_harness.strategies.training_tasks`), each of which gets its own files.  The result is one JSON
+line on stdout.  A problem in the user's module or data is one line ``ERROR: ...`` on stderr and exit status
+2; a storage failure exit status 1.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import os
 import re
 import sys
+from pathlib import Path
 from types import ModuleType
 
 from . import data, s3io, usermodel
@@ -43,6 +50,17 @@ def check(job: dict, module: ModuleType | None = None) -> dict:
     """The module's interface (``module``: the module already imported from ``job["module"]``), without
     reading any data."""
     module = module or usermodel.load(job["module"])
+    _check_data_source(job, module)
+    loss = usermodel.loss_fn(module)
+    metrics = usermodel.metric_objects(module, loss)
+    usermodel.build_model(module, None, job.get("hparams"))
+    return {"module": usermodel.label(module), "data": "files" if job.get("data") else "make_dataset",
+            "loss": usermodel.loss_name(loss),
+            "metrics": [m.name for m in metrics]}
+
+
+def _check_data_source(job: dict, module: ModuleType) -> None:
+    """The module has what its data source needs (no TensorFlow)."""
     files = job.get("data")
     if files and files.get("format") == "tfrecord" and getattr(module, "decode", None) is None:
         raise ModelModuleError(f"model module {usermodel.label(module)} has no decode(record) function; "
@@ -50,29 +68,72 @@ def check(job: dict, module: ModuleType | None = None) -> dict:
     if not files and not usermodel.has_dataset(module):
         raise ModelModuleError(f"model module {usermodel.label(module)} has no data: define make_dataset() "
                                "or name files in the cluster file's data.train and data.test")
-    loss = usermodel.loss_fn(module)
-    metrics = usermodel.metric_objects(module, loss)
-    usermodel.build_model(module, None, job.get("hparams"))
-    return {"module": usermodel.label(module), "data": "files" if files else "make_dataset",
-            "loss": usermodel.loss_name(loss),
-            "metrics": [m.name for m in metrics]}
 
 
 def run(job: dict) -> dict:
-    """Prepare the run's data; returns ``{"data": settings data | None, "dataset_prefix", "describe"}``.
+    """Prepare the run's data; returns ``{"data": settings data | None, "dataset_prefix", "describe",
+    "probe"}`` (``probe``: ``checked``, or ``cached`` when this job's check had passed before).
     Nothing is stored before the model, its loss and its metrics have worked on a few real examples."""
     module = usermodel.load(job["module"])   # imported once: the user's module-level code runs once
-    check(job, module)
     client = s3io.make_client(job.get("endpoint"), job.get("region"))
     if job.get("data"):
+        check(job, module)
         result, (x, y) = _files(client, job, module)
+        stamp = None
     else:
+        _check_data_source(job, module)
         splits = data.splits_from_module(module)
         x, y = (a[:PROBE_EXAMPLES] for a in splits["test"])
-    loss = usermodel.loss_fn(module)
-    model = usermodel.build_model(module, tuple(x.shape[1:]), job.get("hparams"))
-    usermodel.check_batch(module, model, x, y, loss)
-    return result if job.get("data") else _store_arrays(client, job, splits)
+        stamp = _probe_stamp(job, x, y)
+    cached = stamp is not None and stamp.exists()
+    if not cached:
+        if stamp is not None:
+            check(job, module)
+        loss = usermodel.loss_fn(module)
+        model = usermodel.build_model(module, tuple(x.shape[1:]), job.get("hparams"))
+        usermodel.check_batch(module, model, x, y, loss)
+    if job.get("data"):
+        return dict(result, probe="checked")
+    result = _store_arrays(client, job, splits)
+    if stamp is not None and not cached:
+        _write_stamp(stamp)     # once the arrays are stored too: the whole of this step passed
+    return dict(result, probe="cached" if cached else "checked")
+
+
+#: the harness files whose code checks the job: a change to any of them checks it again
+PROBE_CODE = ("prepare.py", "usermodel.py", "data.py", "inputs.py")
+
+
+def _probe_stamp(job: dict, x, y) -> Path | None:
+    """Where a passed check of this job on these examples is recorded; None without ``probe_cache``."""
+    if not job.get("probe_cache"):
+        return None
+    digest = hashlib.sha256(Path(job["module"]).read_bytes())
+    digest.update(json.dumps(job.get("hparams") or {}, sort_keys=True).encode())
+    for array in (x, y):
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.tobytes())
+    here = Path(__file__).parent
+    for name in PROBE_CODE:
+        digest.update((here / name).read_bytes())
+    digest.update(f"{sys.version_info[:2]} {_release('tensorflow-cpu', 'tensorflow')} {_release('keras')}".encode())
+    return Path(job["probe_cache"]) / f"{digest.hexdigest()}.passed"
+
+
+def _release(*names: str) -> str:
+    for name in names:
+        try:
+            return f"{name}=={importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "none"
+
+
+def _write_stamp(stamp: Path) -> None:
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    tmp = stamp.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text("")
+    os.replace(tmp, stamp)
 
 
 def _store_arrays(client, job: dict, splits: dict) -> dict:
