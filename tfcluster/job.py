@@ -30,7 +30,6 @@ from .paths import TRAIN_DIR, cache_root
 
 CHECK_TIMEOUT_S = 300
 PREPARE_TIMEOUT_S = 3600
-_HARNESS_FILES = ("prepare.py", "usermodel.py", "data.py", "formats.py", "sources.py")
 
 
 def model_path(spec: RunSpec) -> Path:
@@ -91,9 +90,11 @@ def _call(mode: str, args: dict, env: dict, timeout_s: int) -> dict:
 
 
 def _check_key(args: dict) -> str:
+    from tfc_harness.prepare import CHECK_CODE  # here: importing prepare (numpy, boto3) costs ~0.2 s
+
     digest = hashlib.sha256(json.dumps(args, sort_keys=True).encode())
     digest.update(Path(args["module"]).read_bytes())
-    for name in _HARNESS_FILES:
+    for name in CHECK_CODE:
         path = TRAIN_DIR / "tfc_harness" / name
         digest.update(path.read_bytes() if path.exists() else b"")
     return digest.hexdigest()

@@ -184,11 +184,13 @@ def test_tensorflow_noise_is_taken_out_of_messages():
 
 
 ARRAYS_MODEL = """
+    import os
     import numpy as np
     CLASSES = 3
-    def make_dataset():
+    def make_dataset():     # the test labels from the environment: other examples, the same module file
         x = np.linspace(0, 1, 24, dtype=np.float32).reshape(12, 2)
-        return {"train": (x, np.arange(12) % 3), "test": (x[:4], np.array([0, 1, 2, 0]))}
+        test_labels = [int(v) for v in os.environ.get("TEST_LABELS", "0,1,2,0").split(",")]
+        return {"train": (x, np.arange(12) % 3), "test": (x[:4], np.array(test_labels))}
     def build_model():
         import keras
         return keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(CLASSES)])
@@ -197,9 +199,9 @@ RUN_AND_SAY_IF_TENSORFLOW = ("import sys; from tfc_harness import prepare; rc = 
                              "print('tensorflow imported:', 'tensorflow' in sys.modules); sys.exit(rc)")
 
 
-def _run_arrays_job(args: dict) -> subprocess.CompletedProcess:
+def _run_arrays_job(args: dict, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", RUN_AND_SAY_IF_TENSORFLOW, json.dumps(args)], capture_output=True,
-                          text=True, env=node_env(dict(S3_CREDENTIALS)), timeout=120)
+                          text=True, env=node_env(dict(S3_CREDENTIALS, **env)), timeout=120)
 
 
 def test_a_passed_check_of_module_arrays_is_not_run_again(store, tmp_path):
@@ -215,13 +217,22 @@ def test_a_passed_check_of_module_arrays_is_not_run_again(store, tmp_path):
     assert second["probe"] == "cached" and second_imported == "tensorflow imported: False"   # not the second time
     assert second["dataset_prefix"] == first["dataset_prefix"] and len(list((tmp_path / "probes").iterdir())) == 1
 
+    # other examples, the module file unchanged, are checked again: a label of 3 fails a 3-class loss
+    proc = _run_arrays_job(args, TEST_LABELS="0,1,3,0")
+    assert proc.returncode == 2 and "the loss fails on labels of shape (4,)" in proc.stderr, proc.stderr[-2000:]
+    assert len(list((tmp_path / "probes").iterdir())) == 1                      # a failed check leaves no stamp
+    proc = _run_arrays_job(args, TEST_LABELS="2,1,0,0")
+    assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-2])["probe"] == "checked", proc.stderr
+
     # another model in the same file is checked again: 2 classes while the labels go up to 2 fails the loss
     (tmp_path / "job.py").write_text(textwrap.dedent(ARRAYS_MODEL.replace("CLASSES = 3", "CLASSES = 2")))
     proc = _run_arrays_job(args)
     assert proc.returncode == 2 and "the loss fails on labels of shape (4,)" in proc.stderr, proc.stderr[-2000:]
-    assert len(list((tmp_path / "probes").iterdir())) == 1                      # a failed check leaves no stamp
+    assert len(list((tmp_path / "probes").iterdir())) == 2
 
-    # other examples are checked again
-    (tmp_path / "job.py").write_text(textwrap.dedent(ARRAYS_MODEL.replace("[0, 1, 2, 0]", "[2, 1, 0, 0]")))
-    proc = _run_arrays_job(args)
-    assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-2])["probe"] == "checked", proc.stderr
+
+def test_a_stamp_that_cannot_be_written_only_means_checking_again(tmp_path, capsys):
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    prepare._write_stamp(blocked / "key.passed")
+    assert "warning: could not record the passed check" in capsys.readouterr().err

@@ -15,8 +15,9 @@ Nothing is read from storage.  ``validate`` and ``up`` run it.
 then reads a few test and training examples, builds the model and runs it, its loss and its metrics on
 them (:func:`tfc_harness.usermodel.check_batch`).  ``train`` runs it when a run starts.  For module arrays,
 a passed check leaves a stamp in ``probe_cache`` (when the job names one) keyed by the module, the hparams,
-the examples checked, the harness files that check them and the TensorFlow and Keras releases: a later run
-of the same job finds it and does not import TensorFlow (~3 s here); a change to any of those checks again.
+the examples checked, the harness files that check them and the TensorFlow, Keras and NumPy releases: a later
+run of the same job finds it and does not import TensorFlow (~3 s here); a change to any of those checks
+again (not a change to another file the module imports or reads: see :func:`_probe_stamp`).
 
 The JSON argument: ``{"module": path, "hparams": {}, "data": {"train", "test", "format", "label"} | null,
 "workers": n, "bucket", "endpoint", "region", "dataset_base": "datasets/<model>", "probe_cache": dir | null}``
@@ -34,6 +35,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -73,18 +75,21 @@ def _check_data_source(job: dict, module: ModuleType) -> None:
 def run(job: dict) -> dict:
     """Prepare the run's data; returns ``{"data": settings data | None, "dataset_prefix", "describe",
     "probe"}`` (``probe``: ``checked``, or ``cached`` when this job's check had passed before).
-    Nothing is stored before the model, its loss and its metrics have worked on a few real examples."""
+    Nothing is stored before the model, its loss and its metrics have worked on a few real examples.  For
+    module arrays ``make_dataset()`` runs before that check (its examples are part of the stamp's key);
+    ``validate`` and ``up`` have checked the module's interface before anything else."""
+    source = usermodel.resolve_path(job["module"]).read_bytes()   # the bytes imported are the bytes keyed
     module = usermodel.load(job["module"])   # imported once: the user's module-level code runs once
-    client = s3io.make_client(job.get("endpoint"), job.get("region"))
     if job.get("data"):
         check(job, module)
+        client = s3io.make_client(job.get("endpoint"), job.get("region"))
         result, (x, y) = _files(client, job, module)
         stamp = None
     else:
         _check_data_source(job, module)
         splits = data.splits_from_module(module)
         x, y = (a[:PROBE_EXAMPLES] for a in splits["test"])
-        stamp = _probe_stamp(job, x, y)
+        stamp = _probe_stamp(job, source, x, y)
     cached = stamp is not None and stamp.exists()
     if not cached:
         if stamp is not None:
@@ -94,29 +99,37 @@ def run(job: dict) -> dict:
         usermodel.check_batch(module, model, x, y, loss)
     if job.get("data"):
         return dict(result, probe="checked")
-    result = _store_arrays(client, job, splits)
+    result = _store_arrays(s3io.make_client(job.get("endpoint"), job.get("region")), job, splits)
     if stamp is not None and not cached:
         _write_stamp(stamp)     # once the arrays are stored too: the whole of this step passed
     return dict(result, probe="cached" if cached else "checked")
 
 
-#: the harness files whose code checks the job: a change to any of them checks it again
-PROBE_CODE = ("prepare.py", "usermodel.py", "data.py", "inputs.py")
+#: the harness files whose code checks a job (here and in the controller's cached interface check,
+#: ``tfcluster.job``): a change to any of them checks it again
+CHECK_CODE = ("prepare.py", "usermodel.py", "data.py", "inputs.py", "formats.py", "sources.py")
+#: the distributions a TensorFlow release may come as, the first installed one named in the key
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tensorflow-intel", "tf-nightly", "tf-nightly-cpu")
 
 
-def _probe_stamp(job: dict, x, y) -> Path | None:
-    """Where a passed check of this job on these examples is recorded; None without ``probe_cache``."""
+def _probe_stamp(job: dict, source: bytes, x, y) -> Path | None:
+    """Where a passed check of this job on these examples is recorded; None without ``probe_cache``.
+
+    The key is the module file's ``source``, the hparams, the examples, :data:`CHECK_CODE`, Python's,
+    TensorFlow's, Keras's and NumPy's releases and ``KERAS_BACKEND``; not other files the module imports or
+    reads (a change there alone is not checked again until the module file changes)."""
     if not job.get("probe_cache"):
         return None
-    digest = hashlib.sha256(Path(job["module"]).read_bytes())
+    digest = hashlib.sha256(source)
     digest.update(json.dumps(job.get("hparams") or {}, sort_keys=True).encode())
     for array in (x, y):
         digest.update(f"{array.dtype.str}{array.shape}".encode())
         digest.update(array.tobytes())
     here = Path(__file__).parent
-    for name in PROBE_CODE:
+    for name in CHECK_CODE:
         digest.update((here / name).read_bytes())
-    digest.update(f"{sys.version_info[:2]} {_release('tensorflow-cpu', 'tensorflow')} {_release('keras')}".encode())
+    digest.update(f"{sys.version_info[:2]} {_release(*TENSORFLOW_DISTRIBUTIONS)} {_release('keras')} "
+                  f"{_release('numpy')} {os.environ.get('KERAS_BACKEND', '')}".encode())
     return Path(job["probe_cache"]) / f"{digest.hexdigest()}.passed"
 
 
@@ -130,10 +143,15 @@ def _release(*names: str) -> str:
 
 
 def _write_stamp(stamp: Path) -> None:
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    tmp = stamp.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text("")
-    os.replace(tmp, stamp)
+    """Record a passed check; a stamp that cannot be written (a read-only or full cache) only means the next
+    run checks again."""
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=stamp.parent, prefix=".stamp.", suffix=".tmp")
+        os.close(fd)
+        os.replace(tmp, stamp)
+    except OSError as exc:
+        print(f"warning: could not record the passed check in {stamp.parent}: {exc}", file=sys.stderr, flush=True)
 
 
 def _store_arrays(client, job: dict, splits: dict) -> dict:
@@ -211,9 +229,6 @@ def _header(client, bucket: str, key: str) -> list[str]:
 
 def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, first: dict):
     """The first examples of one file, read as the workers will read them."""
-    import tempfile
-    from pathlib import Path
-
     import tensorflow as tf
 
     from . import formats
