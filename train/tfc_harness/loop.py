@@ -31,7 +31,7 @@ class LoopTime:
 
     def examples_per_sec_after_first_call(self, steps: int, examples_per_step: int) -> float | None:
         """Examples/s of the loop's ``steps`` less the first call's (checkpoints included); None when the
-        first call was the whole loop."""
+        first call was the whole loop or nothing was trained."""
         rest_steps, rest_s = steps - self.first_call_steps, self.seconds - self.first_call_seconds
         return rest_steps * examples_per_step / rest_s if rest_steps > 0 and rest_s > 0 else None
 
