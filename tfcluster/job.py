@@ -90,13 +90,10 @@ def _call(mode: str, args: dict, env: dict, timeout_s: int) -> dict:
 
 
 def _check_key(args: dict) -> str:
-    from tfc_harness.prepare import CHECK_CODE  # here: importing prepare (numpy, boto3) costs ~0.2 s
+    from tfc_harness.prepare import code_digest  # here: importing prepare (numpy, boto3) costs ~0.2 s
 
-    digest = hashlib.sha256(json.dumps(args, sort_keys=True).encode())
-    digest.update(Path(args["module"]).read_bytes())
-    for name in CHECK_CODE:
-        path = TRAIN_DIR / "tfc_harness" / name
-        digest.update(path.read_bytes() if path.exists() else b"")
+    digest = code_digest(Path(args["module"]).read_bytes())
+    digest.update(json.dumps(args, sort_keys=True).encode())
     return digest.hexdigest()
 
 

@@ -80,29 +80,35 @@ def run(job: dict) -> dict:
     ``validate`` and ``up`` have checked the module's interface before anything else."""
     source = usermodel.resolve_path(job["module"]).read_bytes()   # the bytes imported are the bytes keyed
     module = usermodel.load(job["module"])   # imported once: the user's module-level code runs once
-    if job.get("data"):
-        check(job, module)
-        client = s3io.make_client(job.get("endpoint"), job.get("region"))
-        result, (x, y) = _files(client, job, module)
-        stamp = None
-    else:
-        _check_data_source(job, module)
-        splits = data.splits_from_module(module)
-        x, y = (a[:PROBE_EXAMPLES] for a in splits["test"])
-        stamp = _probe_stamp(job, source, x, y)
+    return _run_files(job, module) if job.get("data") else _run_arrays(job, module, source)
+
+
+def _run_files(job: dict, module: ModuleType) -> dict:
+    check(job, module)
+    result, (x, y) = _files(s3io.make_client(job.get("endpoint"), job.get("region")), job, module)
+    _check_on(module, job, x, y)
+    return dict(result, probe="checked")
+
+
+def _run_arrays(job: dict, module: ModuleType, source: bytes) -> dict:
+    _check_data_source(job, module)
+    splits = data.splits_from_module(module)
+    x, y = (a[:PROBE_EXAMPLES] for a in splits["test"])
+    stamp = _probe_stamp(job, source, x, y)
     cached = stamp is not None and stamp.exists()
     if not cached:
-        if stamp is not None:
-            check(job, module)
-        loss = usermodel.loss_fn(module)
-        model = usermodel.build_model(module, tuple(x.shape[1:]), job.get("hparams"))
-        usermodel.check_batch(module, model, x, y, loss)
-    if job.get("data"):
-        return dict(result, probe="checked")
+        check(job, module)
+        _check_on(module, job, x, y)
     result = _store_arrays(s3io.make_client(job.get("endpoint"), job.get("region")), job, splits)
     if stamp is not None and not cached:
         _write_stamp(stamp)     # once the arrays are stored too: the whole of this step passed
     return dict(result, probe="cached" if cached else "checked")
+
+
+def _check_on(module: ModuleType, job: dict, x, y) -> None:
+    """The model (built for these examples), its loss and its metrics on ``x``, ``y``."""
+    model = usermodel.build_model(module, tuple(x.shape[1:]), job.get("hparams"))
+    usermodel.check_batch(module, model, x, y, usermodel.loss_fn(module))
 
 
 #: the harness files whose code checks a job (here and in the controller's cached interface check,
@@ -110,6 +116,16 @@ def run(job: dict) -> dict:
 CHECK_CODE = ("prepare.py", "usermodel.py", "data.py", "inputs.py", "formats.py", "sources.py")
 #: the distributions a TensorFlow release may come as, the first installed one named in the key
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tensorflow-intel", "tf-nightly", "tf-nightly-cpu")
+
+
+def code_digest(source: bytes):
+    """A sha256 of a module file's ``source`` and of :data:`CHECK_CODE` (the code that checks it), to extend
+    with what else a cached check depends on."""
+    digest = hashlib.sha256(source)
+    here = Path(__file__).parent
+    for name in CHECK_CODE:
+        digest.update((here / name).read_bytes())
+    return digest
 
 
 def _probe_stamp(job: dict, source: bytes, x, y) -> Path | None:
@@ -120,14 +136,11 @@ def _probe_stamp(job: dict, source: bytes, x, y) -> Path | None:
     reads (a change there alone is not checked again until the module file changes)."""
     if not job.get("probe_cache"):
         return None
-    digest = hashlib.sha256(source)
+    digest = code_digest(source)
     digest.update(json.dumps(job.get("hparams") or {}, sort_keys=True).encode())
     for array in (x, y):
         digest.update(f"{array.dtype.str}{array.shape}".encode())
         digest.update(array.tobytes())
-    here = Path(__file__).parent
-    for name in CHECK_CODE:
-        digest.update((here / name).read_bytes())
     digest.update(f"{sys.version_info[:2]} {_release(*TENSORFLOW_DISTRIBUTIONS)} {_release('keras')} "
                   f"{_release('numpy')} {os.environ.get('KERAS_BACKEND', '')}".encode())
     return Path(job["probe_cache"]) / f"{digest.hexdigest()}.passed"
