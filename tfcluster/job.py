@@ -66,6 +66,7 @@ def job_args(spec: RunSpec) -> dict:
         "bucket": spec.storage.bucket,
         "endpoint": store.endpoint_for(spec),
         "region": spec.storage.region,
+        "whole_object_gets": store.is_local_store(spec),
         "dataset_base": dataset_base(spec),
         "probe_cache": str(cache_root() / "_jobchecks" / "probes"),
     }

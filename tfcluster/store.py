@@ -130,6 +130,12 @@ def endpoint_for(spec) -> str | None:
     return None if spec.uses_cloud_nodes else local_endpoint()
 
 
+def is_local_store(spec) -> bool:
+    """True when the run's storage is the local store (a moto server: it reads a whole object to serve any
+    byte range of it, so its clients get each object in one GET, ``tfc_harness.s3io.WHOLE_OBJECT_CONFIG``)."""
+    return endpoint_for(spec) == local_endpoint()
+
+
 def process_env(spec) -> dict[str, str]:
     """Environment for processes that talk to the run's S3 (credentials only for the local store)."""
     from urllib.parse import urlsplit
@@ -166,7 +172,8 @@ def client(spec):
     from tfc_harness import s3io
 
     env = process_env(spec)
-    return s3io.make_client(endpoint_for(spec), env["AWS_DEFAULT_REGION"], credentials=env)
+    return s3io.make_client(endpoint_for(spec), env["AWS_DEFAULT_REGION"], credentials=env,
+                            whole_objects=is_local_store(spec))
 
 
 def ensure_bucket(s3, bucket: str, region: str) -> None:

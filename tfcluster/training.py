@@ -121,6 +121,7 @@ def run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
             "run_prefix": prefix,
             "checkpoint_prefix": f"{prefix}/checkpoints",
             "dataset_prefix": run.get("dataset_prefix") or job.dataset_base(spec),
+            "whole_object_gets": store.is_local_store(spec),
         },
     }
 

@@ -102,6 +102,43 @@ def test_upload_download_exists_list(s3_client, tmp_path):
         s3io.download_file(s3_client, "iobucket", "p/none", tmp_path / "d" / "none")
 
 
+
+def _ranges_of_downloads(client, bucket, key, dest) -> list:
+    """The Range header of every GetObject ``s3io.download_file`` sent (None: no Range)."""
+    seen = []
+    client.meta.events.register("before-send.s3.GetObject", lambda request, **_: seen.append(
+        request.headers.get("Range")))
+    out = s3io.download_file(client, bucket, key, dest)
+    return seen, out
+
+
+def test_a_whole_objects_client_downloads_an_object_in_one_get(moto_endpoint, s3_client, bucket, tmp_path):
+    """The local store (moto) reads the whole object to serve any byte range of it: a client made for it
+    (``whole_objects=True``) gets each object with one plain GET; any other keeps ranged parts."""
+    payload = bytes(range(256)) * (40 << 12)                   # 40 MiB: 5 ranged parts of 8 MiB
+    s3io.upload_bytes(s3_client, payload, bucket, "big.bin")
+    ranged, out = _ranges_of_downloads(s3_client, bucket, "big.bin", tmp_path / "a.bin")
+    assert len(ranged) == 5 and all(r and r.startswith(b"bytes=") for r in ranged), ranged
+    assert out.read_bytes() == payload
+    whole_client = s3io.make_client(moto_endpoint, "us-east-1", whole_objects=True)
+    whole, out = _ranges_of_downloads(whole_client, bucket, "big.bin", tmp_path / "b.bin")
+    # one GET: no Range, or (checksums validated only when required: s3transfer skips its HEAD) a first part
+    # that holds the whole object
+    assert len(whole) == 1 and whole[0] in (None, f"bytes=0-{(1 << 40) - 1}".encode()), whole
+    assert out.read_bytes() == payload
+
+
+def test_settings_choose_whole_object_gets(monkeypatch):
+    from tfc_harness.settings import S3Location
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    base = {"endpoint": "http://10.0.0.1:9555", "region": "us-east-1", "bucket": "b", "run_prefix": "r",
+            "checkpoint_prefix": "c", "dataset_prefix": "d"}
+    assert s3io.client_from_settings(S3Location(**base)).tfc_download_config is s3io.TRANSFER_CONFIG
+    whole = s3io.client_from_settings(S3Location(**base, whole_object_gets=True))
+    assert whole.tfc_download_config is s3io.WHOLE_OBJECT_CONFIG
+
 # -- issue 8 item 4: "already published?" must not HEAD (403 for a missing key under a prefix-scoped role)
 def test_exists_lists_with_the_key_as_prefix_and_never_heads():
     from botocore.stub import Stubber

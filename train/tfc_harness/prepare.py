@@ -85,7 +85,7 @@ def run(job: dict) -> dict:
 
 def _run_files(job: dict, module: ModuleType) -> dict:
     check(job, module)
-    result, (x, y) = _files(s3io.make_client(job.get("endpoint"), job.get("region")), job, module)
+    result, (x, y) = _files(_client(job), job, module)
     _check_on(module, job, x, y)
     return dict(result, probe="checked")
 
@@ -99,10 +99,14 @@ def _run_arrays(job: dict, module: ModuleType, source: bytes) -> dict:
     if not cached:
         check(job, module)
         _check_on(module, job, x, y)
-    result = _store_arrays(s3io.make_client(job.get("endpoint"), job.get("region")), job, splits)
+    result = _store_arrays(_client(job), job, splits)
     if stamp is not None and not cached:
         _write_stamp(stamp)     # once the arrays are stored too: the whole of this step passed
     return dict(result, probe="cached" if cached else "checked")
+
+
+def _client(job: dict):
+    return s3io.make_client(job.get("endpoint"), job.get("region"), whole_objects=job.get("whole_object_gets", False))
 
 
 def _check_on(module: ModuleType, job: dict, x, y) -> None:

@@ -91,6 +91,8 @@ class S3Location(_Strict):
     run_prefix: Prefix = Field(description="this run's results: model/, manifest.json, metrics.json, _SUCCESS")
     checkpoint_prefix: Prefix = Field(description="checkpoints, shared by the runs that resume each other")
     dataset_prefix: Prefix = Field(description="train.npz and test.npz (when the data are the module's arrays)")
+    whole_object_gets: bool = Field(False, description="download each object in one GET, not in ranged parts: "
+                                                      "the local store reads a whole object to serve any range")
 
 
 class DataFile(_Strict):

@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dest", required=True, help="local directory to download the run into")
     parser.add_argument("--endpoint", default=None, help="S3-compatible endpoint URL (default: AWS)")
     parser.add_argument("--region", default=None)
+    parser.add_argument("--whole-object-gets", action="store_true",
+                        help="download each object in one GET (a store that reads a whole object for any range)")
     parser.add_argument("--module", required=True, help="the model module's .py file (its loss and metrics)")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--dataset-prefix", help="the run's arrays (datasets/NAME-HASH)")
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = json.loads(Path(args.data_json).read_text()) if args.data_json else None
     try:
-        client = s3io.make_client(args.endpoint, args.region)
+        client = s3io.make_client(args.endpoint, args.region, whole_objects=args.whole_object_gets)
         result = verify_run(client, args.bucket, args.run_prefix, args.dest, args.module,
                             args.dataset_prefix or "", files)
     except (VerificationError, manifest.ManifestMismatch, s3io.TransferError,
