@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 from tfc_harness import s3io
@@ -102,8 +104,7 @@ def test_upload_download_exists_list(s3_client, tmp_path):
         s3io.download_file(s3_client, "iobucket", "p/none", tmp_path / "d" / "none")
 
 
-
-def _ranges_of_downloads(client, bucket, key, dest) -> list:
+def _ranges_of_downloads(client, bucket, key, dest) -> tuple[list, Path]:
     """The Range header of every GetObject ``s3io.download_file`` sent (None: no Range)."""
     seen = []
     client.meta.events.register("before-send.s3.GetObject", lambda request, **_: seen.append(
@@ -138,6 +139,7 @@ def test_settings_choose_whole_object_gets(monkeypatch):
     assert s3io.client_from_settings(S3Location(**base)).tfc_download_config is s3io.TRANSFER_CONFIG
     whole = s3io.client_from_settings(S3Location(**base, whole_object_gets=True))
     assert whole.tfc_download_config is s3io.WHOLE_OBJECT_CONFIG
+
 
 # -- issue 8 item 4: "already published?" must not HEAD (403 for a missing key under a prefix-scoped role)
 def test_exists_lists_with_the_key_as_prefix_and_never_heads():
