@@ -153,8 +153,9 @@ class ChiefWatch:
     its task has ended. Tolerates passing silences and errors, not lasting ones."""
 
     def __init__(self, state: ClusterState, chief: Node, poll_s: float, streamers: list[Node] = (),
-                 on_training: Callable[[], None] | None = None):
-        self.state, self.chief, self.poll_s, self.on_training = state, chief, poll_s, on_training
+                 on_training: Callable[[], None] | None = None, on_loop_end: Callable[[], None] | None = None):
+        self.state, self.chief, self.poll_s = state, chief, poll_s
+        self.on_training, self.on_loop_end = on_training, on_loop_end
         self.last_line, self.misses, self.errors, self.first = "", 0, 0, None
         self.streamers, self.data_mb_s, self.data_due = list(streamers), None, 0.0
 
@@ -176,8 +177,13 @@ class ChiefWatch:
         self.misses = 0
         sup, task = got.get("supervisor", {}), got.get("task") or {}
         self._show(_progress_line(task, sup, self._eta(task), self._data_rate()))
-        if self.on_training and task.get("phase") == "training" and task.get("step", 0) > 0:
+        phase, step = task.get("phase"), task.get("step", 0)
+        if self.on_training and phase == "training" and step > 0:
             self.on_training, call = None, self.on_training
+            call()
+        if self.on_loop_end and (phase in ("evaluating", "publishing")
+                                 or phase == "training" and step >= task.get("total", 0) > 0):
+            self.on_loop_end, call = None, self.on_loop_end
             call()
         return got if sup.get("state") in TERMINAL_TASK_STATES else None
 
@@ -213,11 +219,14 @@ class ChiefWatch:
 
 
 def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 1.0,
-                   streamers: list[Node] = (), on_training: Callable[[], None] | None = None) -> dict:
+                   streamers: list[Node] = (), on_training: Callable[[], None] | None = None,
+                   on_loop_end: Callable[[], None] | None = None) -> dict:
     """Poll the chief's status and print progress until its task ends; return the last status.
     ``streamers``: the tasks streaming files from S3, whose summed read rate the progress line shows;
-    ``on_training``: called once, when the chief first reports a training step."""
-    final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers, on_training), timeout_s, poll_s)
+    ``on_training``: called once, when the chief first reports a training step; ``on_loop_end``: called
+    once, when it reports its last step trained (or evaluating, publishing)."""
+    final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers, on_training, on_loop_end), timeout_s,
+                            poll_s)
     if final is None:
         raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
     return final
@@ -266,28 +275,32 @@ def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
         say(f"run {run['run_id']} was published before it was stopped: verifying it instead of training again")
         return verify(spec, run)
     shared = get_provider(spec.provider, state).shares_controller_cores
-    with _AheadEvaluator(_local_copy(spec, run), enabled=not shared) as ahead:
-        final = _run_tasks(spec, state, nodes, run, settings, on_training=ahead.start)
+    with _AheadEvaluator(_local_copy(spec, run)) as ahead:
+        final = _run_tasks(spec, state, nodes, run, settings, on_training=None if shared else ahead.start,
+                           on_loop_end=ahead.start if shared else None)
         return _conclude(spec, state, nodes, run, final, ahead.warm)
 
 
 class _AheadEvaluator:
-    """The verifier's evaluator (``tfc_harness.verify.WarmEvaluator``), started once the chief reports its
-    first training step: its TensorFlow import (~3 s here) then happens while the tasks train, not between
-    the chief's exit and 'model verified'. Not ``enabled`` where the nodes share the controller's cores
-    (the local provider): there the import slowed the training loop by about what it saved the verification
-    (``make bench``, digits under parameter_server, 2 runs each: loop 6.5/9.5 s against 5.1/6.0 s, the whole
-    `train` 25.8/28.6 s against 25.4/27.0 s; at nice 19, loop 7.6/5.7 s against 5.5/5.0 s). None where the
-    sandbox cannot run (the verification then says why); ended whatever happens."""
+    """The verifier's evaluator (``tfc_harness.verify.WarmEvaluator``), started before the chief's exit: its
+    TensorFlow import (~3 s here) then is not all between the chief's exit and 'model verified'. Started at
+    the chief's first training step, or where the nodes share the controller's cores (the local provider)
+    once the training loop has ended, as the chief evaluates and publishes: there an import during the loop
+    slowed it by about what it saved the verification (``make bench``, digits under parameter_server, 2 runs
+    each: loop 6.5/9.5 s against 5.1/6.0 s, the whole `train` 25.8/28.6 s against 25.4/27.0 s; at nice 19,
+    loop 7.6/5.7 s against 5.5/5.0 s). Started as the loop ends (4 interleaved pairs of 600-step trains on
+    local nodes): verify 7.9/6.9/7.7/2.9 s against 8.8/7.7/8.8/8.0 s, the whole `train` 37.2/35.5/36.4/34.5 s
+    against 47.0/35.1/37.8/37.9 s. None where the sandbox cannot run (the verification then says why); ended
+    whatever happens."""
 
-    def __init__(self, dest: Path, enabled: bool = True):
-        self.dest, self.enabled, self.warm = dest, enabled, None
+    def __init__(self, dest: Path):
+        self.dest, self.warm = dest, None
 
     def start(self) -> None:
         from tfc_harness import sandbox
         from tfc_harness import verify as harness_verify
 
-        if self.enabled and self.warm is None and sandbox.available() is None:
+        if self.warm is None and sandbox.available() is None:
             try:
                 self.warm = harness_verify.WarmEvaluator(self.dest)
             except OSError as exc:      # the verification starts its own evaluator instead
@@ -406,9 +419,9 @@ def preemption_vars(provider) -> dict:
 
 
 def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, settings: dict,
-               on_training: Callable[[], None] | None = None) -> dict:
-    """Start ps and workers, then the chief; follow the chief until its task ends (``on_training``: called
-    once, when it first reports a training step). On Ctrl-C or a failure every task is stopped and the logs
+               on_training: Callable[[], None] | None = None, on_loop_end: Callable[[], None] | None = None) -> dict:
+    """Start ps and workers, then the chief; follow the chief until its task ends (``on_training``,
+    ``on_loop_end``: :func:`wait_for_chief`'s). On Ctrl-C or a failure every task is stopped and the logs
     fetched before the error goes on."""
     provider = get_provider(spec.provider, state)
     extra = _extra_vars(state, "train-vars.json", {"tf_node_run": settings, "tf_node_deadline": run["deadline"],
@@ -426,7 +439,7 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
             readers = strategies.TRAINING_JOBS[spec.strategy]     # the tasks that stream their own files
             streamers = [n for n in nodes if n.role in readers] if settings.get("data") else []
             return wait_for_chief(state, chief, settings["max_runtime_s"] + 120, streamers=streamers,
-                                  on_training=on_training)
+                                  on_training=on_training, on_loop_end=on_loop_end)
     except (KeyboardInterrupt, TfclusterError) as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         run["state"] = RunState.INTERRUPTED if interrupted else RunState.FAILED
@@ -542,7 +555,7 @@ def _local_copy(spec: RunSpec, run: dict) -> Path:
 
 def verify(spec: RunSpec, run: dict, warm=None) -> dict:
     """Read the published model back from S3, check every hash, evaluate it in a fresh process (``warm``: one
-    started for this run while it trained, see :class:`_AheadEvaluator`)."""
+    started for this run before the chief's exit, see :class:`_AheadEvaluator`)."""
     state = ClusterState(spec.cluster)
     settings = run_settings(spec, run["run_id"], run)
     dest = _local_copy(spec, run)
@@ -568,7 +581,7 @@ def verify(spec: RunSpec, run: dict, warm=None) -> dict:
     runrecord.write(state, run)
     for line in harness_verify.metric_lines(metrics):
         print(line, flush=True)
-    ahead = " (started while the run trained)" if warm is not None and warm.used else ""
+    ahead = " (started before the chief's exit)" if warm is not None and warm.used else ""
     say(f"model verified: {run['s3_prefix']} (copy in {dest}); the metrics above were recomputed from it "
         f"in a fresh process{ahead} and match the chief's")
     return run

@@ -139,18 +139,64 @@ def test_the_chief_watch_calls_on_training_once_at_the_first_training_step(state
     assert len(calls) == 1 and "step 3/10" in calls[0], calls     # once, at the first step trained
 
 
-def test_the_evaluator_ahead_is_not_started_where_the_nodes_share_the_controllers_cores(tmp_path, monkeypatch):
+def _report(phase: str, step: int, sup: str = "running") -> dict:
+    return {"supervisor": {"state": sup}, "task": {"phase": phase, "step": step, "total": 10}}
+
+
+DONE = _report("done", 10, "succeeded")
+
+
+@pytest.mark.parametrize("reports, at", [
+    ([_report("training", 3), _report("training", 10), _report("publishing", 10), DONE], 1),
+    ([_report("training", 3), _report("evaluating", 10), _report("publishing", 10), DONE], 1),
+    ([_report("training", 0), _report("training", 7), _report("publishing", 10), DONE], 2),
+])
+def test_the_chief_watch_calls_on_loop_end_once_when_the_last_step_is_trained(state, monkeypatch, reports, at):
+    it = iter(reports)
+    monkeypatch.setattr(training.remote, "task_status", lambda *a, **kw: next(it))
+    calls, seen = [], []
+    watch = training.ChiefWatch(state, NODES[0], 0.01, on_loop_end=lambda: calls.append(len(seen)))
+    for _ in reports:
+        seen.append(watch())
+    assert calls == [at], calls      # once, at the first report of the loop's end (index into the reports)
+    assert seen[-1]["supervisor"]["state"] == "succeeded"
+
+
+def test_the_evaluator_ahead_starts_once(tmp_path, monkeypatch):
     from tfcluster.providers import get_provider
 
     started = []
     monkeypatch.setattr("tfc_harness.verify.WarmEvaluator", lambda dest: started.append(dest) or "warm")
     monkeypatch.setattr("tfc_harness.sandbox.available", lambda: None)
     assert get_provider("local", None).shares_controller_cores and not get_provider("aws", None).shares_controller_cores
-    with training._AheadEvaluator(tmp_path / "local", enabled=False) as ahead:
-        ahead.start()
-        assert ahead.warm is None
-    with training._AheadEvaluator(tmp_path / "cloud", enabled=True) as ahead:
+    with training._AheadEvaluator(tmp_path / "cloud") as ahead:
         ahead.start()
         ahead.start()
         assert ahead.warm == "warm" and started == [tmp_path / "cloud"]    # one, on the first call
         ahead.warm = None                                                  # (nothing to close: a stand-in)
+
+
+@pytest.mark.parametrize("shared, hook", [(True, "on_loop_end"), (False, "on_training")])
+def test_train_starts_the_evaluator_ahead_at_the_loops_end_where_nodes_share_the_controllers_cores(
+        state, monkeypatch, tmp_path, shared, hook):
+    from tfcluster.providers.base import write_nodes
+
+    write_nodes(state.nodes, NODES)
+    seen = {}
+
+    def run_tasks(*_a, on_training=None, on_loop_end=None):
+        seen.update(on_training=on_training, on_loop_end=on_loop_end)
+        return SUCCEEDED
+
+    monkeypatch.setattr(training, "_check_cluster_fits", lambda *a: None)
+    monkeypatch.setattr(training.job, "prepare", lambda spec: {})
+    monkeypatch.setattr(training, "_data_line", lambda *a: "data")
+    monkeypatch.setattr(training, "_open_run", lambda *a: ({"run_id": "r1", "resumed": False}, {}))
+    monkeypatch.setattr(training, "get_provider", lambda *a: type("P", (), {"shares_controller_cores": shared})())
+    monkeypatch.setattr(training, "_local_copy", lambda *a: tmp_path / "copy")
+    monkeypatch.setattr(training, "_run_tasks", run_tasks)
+    monkeypatch.setattr(training, "_conclude", lambda *a: {"state": "verified"})
+    spec = type("Spec", (), {"cluster": "c", "provider": "local" if shared else "aws"})()
+    assert training.train(spec, configure_first=False) == {"state": "verified"}
+    other = "on_training" if hook == "on_loop_end" else "on_loop_end"
+    assert callable(seen[hook]) and getattr(seen[hook], "__name__", "") == "start" and seen[other] is None, seen

@@ -210,7 +210,7 @@ class Provider(ABC):
     preemption_notice = ""
 
     #: whether the nodes run on the controller's own cores (the local provider): then `train` starts nothing
-    #: of its own beside the tasks (the verifier's evaluator waits for the chief's exit: training._AheadEvaluator)
+    #: of its own beside the training loop (the verifier's evaluator waits for its end: training._AheadEvaluator)
     shares_controller_cores: ClassVar[bool] = False
 
     def boot_halt_minutes(self, spec: RunSpec) -> int:
