@@ -55,7 +55,7 @@ def ensure_ssh_key(state: ClusterState) -> str:
 
 def prepare_storage(spec: RunSpec) -> None:
     """Start the local store when the run uses it, and make sure the bucket exists."""
-    if store.endpoint_for(spec) == store.local_endpoint():
+    if store.is_local_store(spec):
         store.ensure_running(log=say)
     s3 = store.client(spec)
     store.ensure_bucket(s3, spec.storage.bucket, spec.storage.region)

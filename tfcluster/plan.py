@@ -114,7 +114,7 @@ def model_lines(spec: RunSpec, state: ClusterState, checked: dict) -> list[str]:
     else:
         lines.append("<run-id>: a new id when train starts (UTC time and 4 hex digits, e.g. "
                      f"{runrecord.new_id()})")
-    if s3["endpoint"] == store.local_endpoint():
+    if store.is_local_store(spec):
         running = "running" if store.is_running() else "not running: up starts it"
         lines.append(f"the local S3 store at {where}: {running}")
     lines.append(f"up creates bucket {s3['bucket']} (region {spec.storage.region}) if it does not exist")

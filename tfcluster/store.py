@@ -131,8 +131,8 @@ def endpoint_for(spec) -> str | None:
 
 
 def is_local_store(spec) -> bool:
-    """True when the run's storage is the local store (a moto server: it reads a whole object to serve any
-    byte range of it, so its clients get each object in one GET, ``tfc_harness.s3io.WHOLE_OBJECT_CONFIG``)."""
+    """True when the run's storage is the local store. It is a moto server, which reads a whole object to
+    serve any byte range of it: its clients get each object in one GET (``tfc_harness.s3io.WHOLE_OBJECT_CONFIG``)."""
     return endpoint_for(spec) == local_endpoint()
 
 

@@ -165,7 +165,7 @@ def show(spec: RunSpec, run: str | None = None, port: int = 0, sweep: str | None
     bucket, prefix = spec.storage.bucket, cluster_prefix(spec)
     where = f"s3://{bucket}/{prefix}/"
     dest = local_dir(spec.cluster)
-    if store.endpoint_for(spec) == store.local_endpoint() and not store.is_running():
+    if store.is_local_store(spec) and not store.is_running():
         kept = f"; the copies fetched before are in {dest}" if dest.is_dir() else ""
         raise TfclusterError(f"the local S3 store is not running, so {where} cannot be read (its objects "
                              f"live in memory: 'make clean' ended them){kept}")

@@ -20,7 +20,8 @@ run of the same job finds it and does not import TensorFlow (~3 s here); a chang
 again (not a change to another file the module imports or reads: see :func:`_probe_stamp`).
 
 The JSON argument: ``{"module": path, "hparams": {}, "data": {"train", "test", "format", "label"} | null,
-"workers": n, "bucket", "endpoint", "region", "dataset_base": "datasets/<model>", "probe_cache": dir | null}``
+"workers": n, "bucket", "endpoint", "region", "whole_object_gets": bool (optional: the local store, see
+:data:`tfc_harness.s3io.WHOLE_OBJECT_CONFIG`), "dataset_base": "datasets/<model>", "probe_cache": dir | null}``
 (S3 credentials from the environment); ``workers`` is the number of training tasks
 (:func:`tfc_harness.strategies.training_tasks`), each of which gets its own files.  The result is one JSON
 line on stdout.  A problem in the user's module or data is one line ``ERROR: ...`` on stderr and exit status
