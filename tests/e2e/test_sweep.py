@@ -5,7 +5,8 @@ interrupted with Ctrl-C while both first trials train, and is run again: the int
 their own runs from their checkpoints on their groups, the others start, and the sweep ends with its table,
 ``sweep.json`` and ``best.json`` in S3 and every trial's model verified. A third run skips every trial.
 ``make down`` removes both groups. Each group is a chief and one worker (multi_worker_mirrored) training
-the digits model for a few steps: what is tested is the sweep, not the model.
+the digits model: what is tested is the sweep, not the model. The grid is steps × learning rate, the long
+trials first: they are the ones interrupted, and the short ones keep the file's time down.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from tests.integration.helpers import force_down, leftovers, make
 
 pytestmark = [pytest.mark.e2e, needs_root()]
 CLUSTER = "tfct-sw"
-#: per trial: both groups' first trials must pass their second checkpoint (step 200) before the Ctrl-C while
-#: neither has finished. Measured under a parallel suite: the groups' first trials started 2 s apart, and when
-#: the second reached step 340 the first was at 480 of 1000 (3000 before: twice the suite time of this file)
-STEPS = 1000
+#: the first two trials' steps: Ctrl-C comes once both have passed their second checkpoint (step 200), and at
+#: least one must still be training when the stop reaches its chief. That takes 5-7 s after the Ctrl-C
+#: alone (an ansible-playbook per trial) and longer in the suite: with 1000 steps a CI run saw both chiefs
+#: publish first. With 3000, the later one has ~2700 steps (20-40 s here) to go when Ctrl-C comes
+STEPS = 3000
+SHORT = 300     # the last two trials' steps: they start after the resume and are not interrupted
 GROUPS = (CLUSTER, f"{CLUSTER}-g1")
 CLUSTER_FILE = f"""
 cluster: {CLUSTER}
@@ -35,13 +38,13 @@ strategy: multi_worker_mirrored
 nodes:
   ps: {{count: 0}}
   worker: {{count: 1}}
-training: {{steps: {STEPS}, checkpoint_every: 100}}
+training: {{steps: {SHORT}, checkpoint_every: 100}}
 """
-SWEEP_FILE = """
-name: lr-batch
+SWEEP_FILE = f"""
+name: steps-lr
 parameters:
+  training.steps: [{STEPS}, {SHORT}]
   training.learning_rate: [0.003, 0.01]
-  training.batch_size: [32, 64]
 metric: accuracy
 parallel: 2
 """
@@ -77,7 +80,7 @@ def sweep_cmd(files) -> list[str]:
 
 
 def record(home) -> dict:
-    return json.loads((home / CLUSTER / "sweeps" / "lr-batch" / "sweep.json").read_text())
+    return json.loads((home / CLUSTER / "sweeps" / "steps-lr" / "sweep.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +147,7 @@ def test_the_same_sweep_resumes_its_trials_and_ends_with_the_table_and_the_best_
     for t in trials.values():
         assert 0.5 <= t["metric"] <= 1.0 and t["metric"] == t["metrics"]["test_accuracy"]
     # the table: every trial, best first
-    lines = out[out.index("trial  learning_rate"):].splitlines()
+    lines = out[out.index("trial  steps  learning_rate"):].splitlines()
     ranked = sorted(trials.values(), key=lambda t: -t["metric"])
     assert [ln.split()[0] for ln in lines[1:5]] == [t["id"] for t in ranked]
     assert all("verified" in ln for ln in lines[1:5])
@@ -155,7 +158,7 @@ def test_the_same_sweep_resumes_its_trials_and_ends_with_the_table_and_the_best_
     from tests.e2e.test_train import s3_client
 
     s3 = s3_client(home)
-    prefix = f"runs/{CLUSTER}/sweeps/lr-batch"
+    prefix = f"runs/{CLUSTER}/sweeps/steps-lr"
     remote = json.loads(s3.get_object(Bucket="tfcluster", Key=f"{prefix}/sweep.json")["Body"].read())
     assert remote["trials"] == rec["trials"] and remote["best"] == best
     assert json.loads(s3.get_object(Bucket="tfcluster", Key=f"{prefix}/best.json")["Body"].read()) == best
@@ -170,11 +173,11 @@ def test_the_same_sweep_resumes_its_trials_and_ends_with_the_table_and_the_best_
     os.environ["TFCLUSTER_HOME"] = str(home)
     try:
         spec = config.resolve({"cluster": CLUSTER})
-        names = [n for _, _, n in tensorboard.sweep_runs(spec, str(REPO / "x" / "lr-batch.yml"), s3)]
+        names = [n for _, _, n in tensorboard.sweep_runs(spec, str(REPO / "x" / "steps-lr.yml"), s3)]
     finally:
         os.environ.pop("TFCLUSTER_HOME")
-    assert sorted(names) == sorted(f"{t['id']}-learning_rate={t['params']['training.learning_rate']},"
-                                   f"batch_size={t['params']['training.batch_size']}" for t in trials.values())
+    assert sorted(names) == sorted(f"{t['id']}-steps={t['params']['training.steps']},"
+                                   f"learning_rate={t['params']['training.learning_rate']}" for t in trials.values())
 
 
 def test_a_finished_sweep_run_again_skips_every_trial(resumed, files, home, env):
@@ -191,4 +194,4 @@ def test_down_removes_every_group(resumed, home):
         assert f"cluster {cluster} is down" in res.stdout
         assert leftovers(home, cluster) == []
     assert not (home / CLUSTER / "groups.json").exists()
-    assert (home / CLUSTER / "sweeps" / "lr-batch" / "sweep.json").exists()   # the record stays
+    assert (home / CLUSTER / "sweeps" / "steps-lr" / "sweep.json").exists()   # the record stays
