@@ -5,6 +5,7 @@ ANSIBLE_STRATEGY says when it is set."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,7 +21,8 @@ def state(tmp_path, monkeypatch):
     monkeypatch.delenv("ANSIBLE_STRATEGY", raising=False)
     st = ClusterState("c")
     st.dir.mkdir(parents=True)
-    return st
+    yield st
+    shutil.rmtree(st.control_dir, ignore_errors=True)    # ansible_run.environment made it (in the temp dir)
 
 
 def test_mitogen_is_installed_and_its_strategy_plugin_is_where_ansible_is_told(state):

@@ -8,6 +8,7 @@ inventory tfcluster renders; each node's env file is a file of its own under the
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -21,6 +22,13 @@ from tfcluster.providers.base import Node
 KEY_ID, SECRET = "AKIATFCTCANARY0001", "tfct-canary-secret-7c1d"
 SHAPES = {"parameter_server": {"ps": 1, "worker": 2, "chief": 1},
           "multi_worker_mirrored": {"worker": 2, "chief": 1}}
+
+
+@pytest.fixture(autouse=True)
+def _no_control_dir_left(tmp_path):
+    """ansible_run makes the cluster's SSH control directory, in the temp dir: remove it after the test."""
+    yield
+    shutil.rmtree(ClusterState("c", root=tmp_path).control_dir, ignore_errors=True)
 
 
 def local_cluster(tmp_path, strategy: str) -> tuple[ClusterState, dict]:
