@@ -75,7 +75,7 @@ def ping(state: ClusterState, timeout: int = 10) -> subprocess.CompletedProcess:
 
 def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None,
              forks: int = 32, log_file: Path | None = None, env: dict[str, str] | None = None,
-             tags: str | None = None, console: bool = True, mitogen: bool = True,
+             console: bool = True, mitogen: bool = True,
              limit: list[str] | None = None) -> dict[str, dict[str, int]]:
     """Run ``playbooks/<name>`` (on ``limit``'s hosts of the inventory only, when given), streaming its
     output (and teeing it to log_file); ``console=False`` shows only failures and runs it in a session of
@@ -92,8 +92,6 @@ def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None
            "--forks", str(max(forks, 5))]
     if extra_vars_file:
         cmd += ["-e", f"@{extra_vars_file}"]
-    if tags:
-        cmd += ["--tags", tags]
     if limit:
         cmd += ["--limit", ",".join(limit)]
     log = open(log_file, "a") if log_file else None

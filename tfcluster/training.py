@@ -232,15 +232,15 @@ def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: f
     return final
 
 
-def _fetch_logs(state: ClusterState, run_id: str, forks: int, tags: str, console: bool = True) -> bool:
-    """Run playbooks/train.yml with these tags (they end by fetching every node's log and state to
-    .tfcluster/<cluster>/logs/<run-id>/ and removing the tasks' credentials file); best effort: a failure is
+def _fetch_logs(state: ClusterState, run_id: str, forks: int, console: bool = True) -> bool:
+    """Run playbooks/finish.yml: stop ps and workers, fetch every node's log and state to
+    .tfcluster/<cluster>/logs/<run-id>/ and remove the tasks' credentials file; best effort: a failure is
     reported, not raised. True when every node's log was fetched."""
     dest = state.logs / run_id
     dest.mkdir(parents=True, exist_ok=True)
-    extra = _extra_vars(state, f"{tags}-vars.json", {"tf_node_logs_dest": str(dest)})
+    extra = _extra_vars(state, "finish-vars.json", {"tf_node_logs_dest": str(dest)})
     try:
-        ansible_run.playbook(state, "train.yml", extra, forks=forks, log_file=state.logs / "train.log", tags=tags,
+        ansible_run.playbook(state, "finish.yml", extra, forks=forks, log_file=state.logs / "train.log",
                              console=console, mitogen=False)
         return True
     except TfclusterError as exc:
@@ -433,7 +433,7 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
     try:
         with phase(f"start the tasks: {roles_text(spec)}, the chief last (playbooks/train.yml)"):
             recap = ansible_run.playbook(state, "train.yml", extra, forks=len(nodes),
-                                         log_file=state.logs / "train.log", env=s3_env(spec), tags="start")
+                                         log_file=state.logs / "train.log", env=s3_env(spec))
             ansible_run.check_reported(recap, [n.name for n in nodes], "start")
         with phase("training"):
             readers = strategies.TRAINING_JOBS[spec.strategy]     # the tasks that stream their own files
@@ -510,7 +510,7 @@ def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, st
             except TfclusterError as exc:
                 stopped = False
                 say(f"warning: {exc}")
-        run["logs_fetched"] = _fetch_logs(state, run["run_id"], len(nodes), "finish") and stopped
+        run["logs_fetched"] = _fetch_logs(state, run["run_id"], len(nodes)) and stopped
     runrecord.write(state, run)
     return state.logs / run["run_id"]
 
@@ -526,7 +526,7 @@ def _finishing_beside(state: ClusterState, nodes: list[Node], run: dict):
     def work() -> None:
         started = time.monotonic()
         try:
-            outcome["fetched"] = _fetch_logs(state, run["run_id"], len(nodes), "finish", console=False)
+            outcome["fetched"] = _fetch_logs(state, run["run_id"], len(nodes), console=False)
         except Exception as exc:   # not a failed playbook (that is reported by _fetch_logs): e.g. a full disk
             outcome["error"] = f"{type(exc).__name__}: {exc}"
         finally:
@@ -632,8 +632,9 @@ def close_run_after_down(cluster: str) -> None:
 
 def fetch_logs_before_down(cluster: str) -> None:
     """Best effort: a cluster with a run gets its node logs fetched, and the tasks' credentials file removed
-    (a run interrupted before its finish may have left it), before it is destroyed. Without a run of this
-    cluster no task was started, so no node has the file."""
+    (a run interrupted before its finish may have left it), before it is destroyed: the run's finish
+    (playbooks/finish.yml), whose stop of ps and workers ends their logs before the nodes go. Without a run
+    of this cluster no task was started, so no node has the file."""
     state = ClusterState(cluster)
     run, spec = runrecord.read(state), (load_spec(state) if state.spec.exists() else None)
     if not run or not spec or not read_nodes(state.nodes):
@@ -644,8 +645,8 @@ def fetch_logs_before_down(cluster: str) -> None:
         say(f"run {run['run_id']}: every node's log was fetched (and the credentials removed) when its tasks "
             f"ended: {state.logs / run['run_id']}")
         return
-    with phase("fetch node logs and remove the tasks' credentials before teardown"):
-        _fetch_logs(state, run["run_id"], spec.node_total, "logs")
+    with phase("stop ps and workers, fetch node logs and remove the tasks' credentials before teardown"):
+        _fetch_logs(state, run["run_id"], spec.node_total)
 
 
 def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:

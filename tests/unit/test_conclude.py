@@ -31,11 +31,11 @@ def _record_spans(monkeypatch, verify_result):
     """Fake fetch (0.3 s) and verify (0.3 s, returning or raising ``verify_result``), recording their spans."""
     spans: dict[str, tuple[float, float]] = {}
 
-    def fetch(_state, run_id, forks, tags, console=True):
+    def fetch(_state, run_id, forks, console=True):
         started = time.monotonic()
         time.sleep(0.3)
         spans["fetch"] = (started, time.monotonic())
-        assert (tags, console, forks) == ("finish", False, len(NODES))
+        assert (console, forks) == (False, len(NODES))
         return True
 
     def verify(_spec, run, warm=None):

@@ -8,6 +8,7 @@ inventory tfcluster renders; each node's env file is a file of its own under the
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -16,7 +17,7 @@ import yaml
 
 from tests.conftest import REPO
 from tfcluster import ansible_run, inventory
-from tfcluster.paths import ClusterState
+from tfcluster.paths import PLAYBOOKS_DIR, ClusterState
 from tfcluster.providers.base import Node
 
 KEY_ID, SECRET = "AKIATFCTCANARY0001", "tfct-canary-secret-7c1d"
@@ -60,6 +61,19 @@ def start_credentials(state: ClusterState, keys: dict[str, str]) -> subprocess.C
                           env=ansible_run.environment(state, keys))
 
 
+def finish_but_the_stop(state: ClusterState) -> subprocess.CompletedProcess:
+    """playbooks/finish.yml without its first play, the stop of ps and workers (no supervisor runs on this
+    machine): the fetch of logs (none asked for here), the credentials' removal, every node's report."""
+    plays = yaml.safe_load((PLAYBOOKS_DIR / "finish.yml").read_text())
+    assert plays[1]["name"] == "Stop parameter servers and workers"
+    plays[0]["ansible.builtin.import_playbook"] = str(PLAYBOOKS_DIR / "boilerplate.yml")
+    play = state.dir / "finish-but-the-stop.yml"
+    play.write_text(yaml.safe_dump([plays[0], *plays[2:]], sort_keys=False))
+    return subprocess.run([str(ansible_run.BIN / "ansible-playbook"), "-i", str(state.inventory), str(play)],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                          env=ansible_run.environment(state))
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the role writes a root-owned file")
 @pytest.mark.parametrize("strategy", SHAPES)
 def test_keys_only_on_storage_nodes_and_gone_after_the_run(tmp_path, strategy):
@@ -75,11 +89,12 @@ def test_keys_only_on_storage_nodes_and_gone_after_the_run(tmp_path, strategy):
             assert path.read_text() == f"AWS_ACCESS_KEY_ID={KEY_ID}\nAWS_SECRET_ACCESS_KEY={SECRET}\n", name
             assert oct(path.stat().st_mode & 0o777) == "0o600", name
 
-    # the run's finish and the teardown (playbooks/train.yml, tags finish / logs) remove them everywhere
-    recap = ansible_run.playbook(state, "train.yml", tags="logs", log_file=tmp_path / "logs.log")
-    assert set(recap) == set(env_files) | {"localhost"}
+    # the run's finish, also before teardown (playbooks/finish.yml), removes them everywhere
+    res = finish_but_the_stop(state)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert set(re.findall(r"^(\S+)\s+: ok=", res.stdout, re.M)) == set(env_files) | {"localhost"}
     assert [name for name, path in env_files.items() if path.exists()] == []
-    assert SECRET not in (tmp_path / "logs.log").read_text()
+    assert SECRET not in res.stdout + res.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the role writes a root-owned file")
@@ -109,7 +124,7 @@ def test_keys_reach_ansible_only_when_the_tasks_start():
     configure = source[source.index("def configure("):source.index("def run_settings(")]
     assert "s3_env" not in configure
     run_tasks = source[source.index("def _run_tasks("):source.index("def _conclude(")]
-    assert 'env=s3_env(spec), tags="start"' in run_tasks
+    assert 'env=s3_env(spec))' in run_tasks
     main = yaml.safe_load((REPO / "roles/tf_node/tasks/main.yml").read_text())
     assert [t for t in main if "ansible.builtin.copy" in t and "AWS_" in str(t)] == []
 
@@ -132,8 +147,8 @@ def test_down_fetches_the_logs_again_only_when_the_runs_finish_did_not(tmp_path,
     runrecord.write(state, {"run_id": "r1", "state": "verified", "logs_fetched": fetched})
     monkeypatch.setattr(training, "load_spec", lambda _state: type("Spec", (), {"node_total": 1})())
     plays = []
-    monkeypatch.setattr(training.ansible_run, "playbook", lambda _s, name, _e, **kw: plays.append((name, kw["tags"])))
+    monkeypatch.setattr(training.ansible_run, "playbook", lambda _s, name, _e, **kw: plays.append(name))
     training.fetch_logs_before_down("c")
-    assert plays == ([] if fetched else [("train.yml", "logs")])
+    assert plays == ([] if fetched else ["finish.yml"])
     if fetched:
         assert "every node's log was fetched" in capsys.readouterr().out
