@@ -89,7 +89,7 @@ def test_keys_only_on_storage_nodes_and_gone_after_the_run(tmp_path, strategy):
             assert path.read_text() == f"AWS_ACCESS_KEY_ID={KEY_ID}\nAWS_SECRET_ACCESS_KEY={SECRET}\n", name
             assert oct(path.stat().st_mode & 0o777) == "0o600", name
 
-    # the run's finish, also before teardown (playbooks/finish.yml), removes them everywhere
+    # the plays of the run's finish (playbooks/finish.yml, also before teardown) after its stop remove them everywhere
     res = finish_but_the_stop(state)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert set(re.findall(r"^(\S+)\s+: ok=", res.stdout, re.M)) == set(env_files) | {"localhost"}
@@ -124,7 +124,9 @@ def test_keys_reach_ansible_only_when_the_tasks_start():
     configure = source[source.index("def configure("):source.index("def run_settings(")]
     assert "s3_env" not in configure
     run_tasks = source[source.index("def _run_tasks("):source.index("def _conclude(")]
-    assert 'env=s3_env(spec))' in run_tasks
+    assert re.search(r'playbook\(state, "train\.yml", [^\n]*\n[^\n]*env=s3_env\(spec\)\)', run_tasks), run_tasks
+    fetch = source[source.index("def _fetch_logs("):source.index("def train(")]
+    assert "s3_env" not in fetch and "env=" not in fetch.replace("console=console", "")
     main = yaml.safe_load((REPO / "roles/tf_node/tasks/main.yml").read_text())
     assert [t for t in main if "ansible.builtin.copy" in t and "AWS_" in str(t)] == []
 
