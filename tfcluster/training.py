@@ -232,7 +232,7 @@ def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: f
     return final
 
 
-def _fetch_logs(state: ClusterState, run_id: str, forks: int, console: bool = True) -> bool:
+def _stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, console: bool = True) -> bool:
     """Run playbooks/finish.yml: stop ps and workers, fetch every node's log and state to
     .tfcluster/<cluster>/logs/<run-id>/ and remove the tasks' credentials file; best effort: a failure is
     reported, not raised. True when every node's log was fetched."""
@@ -510,7 +510,7 @@ def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, st
             except TfclusterError as exc:
                 stopped = False
                 say(f"warning: {exc}")
-        run["logs_fetched"] = _fetch_logs(state, run["run_id"], len(nodes)) and stopped
+        run["logs_fetched"] = _stop_serving_and_fetch_logs(state, run["run_id"], len(nodes)) and stopped
     runrecord.write(state, run)
     return state.logs / run["run_id"]
 
@@ -526,8 +526,8 @@ def _finishing_beside(state: ClusterState, nodes: list[Node], run: dict):
     def work() -> None:
         started = time.monotonic()
         try:
-            outcome["fetched"] = _fetch_logs(state, run["run_id"], len(nodes), console=False)
-        except Exception as exc:   # not a failed playbook (that is reported by _fetch_logs): e.g. a full disk
+            outcome["fetched"] = _stop_serving_and_fetch_logs(state, run["run_id"], len(nodes), console=False)
+        except Exception as exc:   # not a failed playbook (that one reports it): e.g. a full disk
             outcome["error"] = f"{type(exc).__name__}: {exc}"
         finally:
             outcome["seconds"] = time.monotonic() - started
@@ -646,7 +646,7 @@ def fetch_logs_before_down(cluster: str) -> None:
             f"ended: {state.logs / run['run_id']}")
         return
     with phase("stop ps and workers, fetch node logs and remove the tasks' credentials before teardown"):
-        _fetch_logs(state, run["run_id"], spec.node_total)
+        _stop_serving_and_fetch_logs(state, run["run_id"], spec.node_total)
 
 
 def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:

@@ -48,7 +48,7 @@ def _record_spans(monkeypatch, verify_result):
         run["state"] = runrecord.RunState.VERIFIED
         return run
 
-    monkeypatch.setattr(training, "_fetch_logs", fetch)
+    monkeypatch.setattr(training, "_stop_serving_and_fetch_logs", fetch)
     monkeypatch.setattr(training, "verify", verify)
     return spans
 
@@ -77,7 +77,7 @@ def test_the_fetch_is_waited_for_and_recorded_when_verification_fails(state, mon
 
 def test_a_failed_run_fetches_the_logs_before_it_reports(state, monkeypatch):
     calls = []
-    monkeypatch.setattr(training, "_fetch_logs", lambda *a, **kw: calls.append(kw) or True)
+    monkeypatch.setattr(training, "_stop_serving_and_fetch_logs", lambda *a, **kw: calls.append(kw) or True)
     monkeypatch.setattr(training, "verify", lambda *a: pytest.fail("a failed run is not verified"))
     run = {"run_id": "r1", "state": "started"}
     with pytest.raises(TfclusterError, match="training failed: the chief's task ended 'failed'"):
@@ -99,7 +99,8 @@ def test_ctrl_c_during_verification_waits_for_the_finish_and_records_it(state, m
 
 def test_an_unexpected_error_in_the_finish_is_a_warning_and_recorded(state, monkeypatch, capsys):
     _record_spans(monkeypatch, None)
-    monkeypatch.setattr(training, "_fetch_logs", lambda *a, **kw: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr(training, "_stop_serving_and_fetch_logs",
+                        lambda *a, **kw: (_ for _ in ()).throw(OSError("disk full")))
     run = {"run_id": "r1", "state": "started"}
     assert training._conclude(None, state, NODES, run, SUCCEEDED)["state"] == "verified"
     assert runrecord.read(state)["logs_fetched"] is False

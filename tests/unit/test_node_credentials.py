@@ -125,7 +125,7 @@ def test_keys_reach_ansible_only_when_the_tasks_start():
     assert "s3_env" not in configure
     run_tasks = source[source.index("def _run_tasks("):source.index("def _conclude(")]
     assert re.search(r'playbook\(state, "train\.yml", [^\n]*\n[^\n]*env=s3_env\(spec\)\)', run_tasks), run_tasks
-    fetch = source[source.index("def _fetch_logs("):source.index("def train(")]
+    fetch = source[source.index("def _stop_serving_and_fetch_logs("):source.index("def train(")]
     assert "s3_env" not in fetch and "env=" not in fetch.replace("console=console", "")
     main = yaml.safe_load((REPO / "roles/tf_node/tasks/main.yml").read_text())
     assert [t for t in main if "ansible.builtin.copy" in t and "AWS_" in str(t)] == []
