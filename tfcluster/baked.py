@@ -323,7 +323,8 @@ class LocalBuilder:
             self.log(f"builder teardown: {str(exc).splitlines()[0]}; cleaning up directly")
         provider.force_cleanup()
         left = provider.leftovers()
-        shutil.rmtree(self.state.dir, ignore_errors=True)
+        for path in (self.state.dir, self.state.control_dir):   # (its SSH sockets' directory is in the temp dir)
+            shutil.rmtree(path, ignore_errors=True)
         if left:
             raise TfclusterError(f"the image builder {self.spec.cluster} left: {', '.join(left)}")
 
