@@ -145,7 +145,8 @@ def _progress_line(task: dict, sup: dict, eta_s: float | None, data_mb_s: float 
 
 
 TERMINAL_TASK_STATES = ("succeeded", "failed", "stopped", "deadline", "lost", "preempted")
-DATA_POLL_S = 15.0
+DATA_POLL_S = 15.0        # the workers' read rate, once it is known
+FIRST_DATA_POLL_S = 2.0   # until then: a stream that ends within 15 s of its start must still show one
 
 
 class ChiefWatch:
@@ -188,10 +189,10 @@ class ChiefWatch:
         return got if sup.get("state") in TERMINAL_TASK_STATES else None
 
     def _data_rate(self) -> float | None:
-        """The workers' summed S3 read rate, looked up every DATA_POLL_S (workers streaming files only)."""
+        """The workers' summed S3 read rate (workers streaming files only), looked up every FIRST_DATA_POLL_S
+        until a worker reports one (a worker refreshes it every second), then every DATA_POLL_S."""
         if not self.streamers or time.monotonic() < self.data_due:
             return self.data_mb_s
-        self.data_due = time.monotonic() + DATA_POLL_S
         rates = []
         for node in self.streamers:
             try:
@@ -202,6 +203,7 @@ class ChiefWatch:
             if rate is not None:
                 rates.append(rate)
         self.data_mb_s = sum(rates) if rates else self.data_mb_s
+        self.data_due = time.monotonic() + (DATA_POLL_S if self.data_mb_s is not None else FIRST_DATA_POLL_S)
         return self.data_mb_s
 
     def _eta(self, task: dict) -> float | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -66,10 +67,35 @@ def wait_for_step(home: Path, cluster: str, nodes: dict, train: Train, step: int
 
 def kill_task(home: Path, cluster: str, nodes: dict, node: str) -> None:
     """SIGKILL the node's TensorFlow process (its supervisor stays and restarts it)."""
-    cmd = ("python3 -c \"import json,os,signal; os.kill(json.load(open('" + TASK +
-           "/supervisor.json'))['child_pid'], signal.SIGKILL)\"")
+    signal_task(home, cluster, nodes, node, signal.SIGKILL)
+
+
+def signal_task(home: Path, cluster: str, nodes: dict, node: str, signum: int) -> None:
+    """Send ``signum`` to the node's TensorFlow process (the supervisor's child)."""
+    cmd = ("python3 -c \"import json,os; os.kill(json.load(open('" + TASK +
+           f"/supervisor.json'))['child_pid'], {int(signum)})\"")
     res = ssh(home, cluster, nodes[f"{cluster}-{node}"]["private_ip"], cmd)
     assert res.returncode == 0, res.stderr
+
+
+def wait_for_log_lines(home: Path, cluster: str, nodes: dict, node: str, pattern: str, count: int = 1,
+                       after: str = "", timeout=120) -> None:
+    """Wait until the node's live log (its supervisor's node.log) holds ``count`` lines matching the
+    extended regular expression ``pattern`` (counted from the first line matching ``after``, if given)."""
+    program = "($0 ~ a) {f = 1} (f && $0 ~ p) {n++} END {print n + 0}"
+    cmd = (f"awk -v a={shlex.quote(after or '^')} -v p={shlex.quote(pattern)} {shlex.quote(program)} "
+           f"{TASK}/node.log")
+    deadline = time.monotonic() + timeout
+    found = 0
+    while time.monotonic() < deadline:
+        res = ssh(home, cluster, nodes[f"{cluster}-{node}"]["private_ip"], cmd, timeout=15)
+        found = int(res.stdout.strip() or 0)
+        if found >= count:
+            return
+        time.sleep(0.3)
+    where = f" after the first matching {after!r}" if after else ""
+    raise AssertionError(f"{node}'s log has {found} line(s) matching {pattern!r}{where} after {timeout}s, "
+                         f"not {count}")
 
 
 def run_record(home: Path, cluster: str) -> dict:

@@ -201,3 +201,29 @@ def test_train_starts_the_evaluator_ahead_at_the_loops_end_where_nodes_share_the
     assert training.train(spec, configure_first=False) == {"state": "verified"}
     other = "on_training" if hook == "on_loop_end" else "on_loop_end"
     assert callable(seen[hook]) and getattr(seen[hook], "__name__", "") == "start" and seen[other] is None, seen
+
+
+def test_the_chief_watch_looks_up_the_workers_read_rate_often_until_one_reports_it(state, monkeypatch, capsys):
+    """A stream can end within DATA_POLL_S of its start: the rate is asked for every FIRST_DATA_POLL_S until a
+    worker reports one, and only then every DATA_POLL_S."""
+    clock = [100.0]
+    monkeypatch.setattr(training.time, "monotonic", lambda: clock[0])
+    worker = NODES[1]
+    asked, rates = [], iter([None, None, 42.5, 50.0])
+
+    def status(_state, node, timeout=None):
+        if node is worker:
+            asked.append(clock[0])
+            rate = next(rates)
+            return {"task": {"data": {"mb_per_s": rate}} if rate is not None else {}}
+        return _report("training", 3)
+
+    monkeypatch.setattr(training.remote, "task_status", status)
+    watch = training.ChiefWatch(state, NODES[0], 1.0, streamers=[worker])
+    for _ in range(20):          # one call a second, as wait_for_chief makes them
+        watch()
+        clock[0] += 1.0
+    first = training.FIRST_DATA_POLL_S
+    assert asked[:3] == [100.0, 100.0 + first, 100.0 + 2 * first], asked     # until the first rate
+    assert asked[3] == asked[2] + training.DATA_POLL_S, asked                   # then the slow period
+    assert "data from S3 42.5 MB/s" in capsys.readouterr().out

@@ -19,7 +19,7 @@ from . import preemption, s3io, threads
 from .settings import Settings
 from .status import write_status
 
-STATUS_EVERY_S = 5.0
+STATUS_EVERY_S = 1.0   # a stream can run through gigabytes in seconds: its figures must show in time
 STOPPED_EXIT_CODE = 128 + signal.SIGINT
 
 
