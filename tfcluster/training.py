@@ -234,13 +234,15 @@ def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: f
     return final
 
 
-def _stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, console: bool = True) -> bool:
-    """Run playbooks/finish.yml: stop ps and workers, fetch every node's log and state to
-    .tfcluster/<cluster>/logs/<run-id>/ and remove the tasks' credentials file; best effort: a failure is
-    reported, not raised. True when every node's log was fetched."""
+def _stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, console: bool = True,
+                                 chief_too: bool = False) -> bool:
+    """Run playbooks/finish.yml: stop ps and workers (``chief_too``: every task, as after a Ctrl-C or a
+    failure), fetch every node's log and state to .tfcluster/<cluster>/logs/<run-id>/ and remove the tasks'
+    credentials file; best effort: a failure is reported, not raised. True when every node's log was fetched."""
     dest = state.logs / run_id
     dest.mkdir(parents=True, exist_ok=True)
-    extra = _extra_vars(state, "finish-vars.json", {"tf_node_logs_dest": str(dest)})
+    extra = _extra_vars(state, "finish-vars.json", {"tf_node_logs_dest": str(dest),
+                                                    "tfcluster_stop_chief": chief_too})
     try:
         ansible_run.playbook(state, "finish.yml", extra, forks=forks, log_file=state.logs / "train.log",
                              console=console, mitogen=False)
@@ -501,18 +503,11 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 
 
 def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, stop_chief: bool) -> Path:
-    """Stop ps and workers (and the chief when asked), then fetch every node's log; the record says whether
-    every log was fetched (and every credentials file removed), which ``down`` then need not do again."""
-    stopped = True
+    """Stop ps and workers (and the chief when asked), then fetch every node's log, in one playbook; the record
+    says whether every log was fetched (and every credentials file removed), which ``down`` then need not do
+    again."""
     with phase("stop the tasks still serving, fetch logs"):
-        if stop_chief:
-            try:
-                ansible_run.playbook(state, "stop.yml", None, forks=len(nodes), log_file=state.logs / "train.log",
-                                     mitogen=False)
-            except TfclusterError as exc:
-                stopped = False
-                say(f"warning: {exc}")
-        run["logs_fetched"] = _stop_serving_and_fetch_logs(state, run["run_id"], len(nodes)) and stopped
+        run["logs_fetched"] = _stop_serving_and_fetch_logs(state, run["run_id"], len(nodes), chief_too=stop_chief)
     runrecord.write(state, run)
     return state.logs / run["run_id"]
 

@@ -285,4 +285,7 @@ def test_ctrl_c_during_train_then_down_leaves_nothing(home, env, cluster):
     assert res.returncode == 0, res.stdout + res.stderr
     assert leftovers(home, CLUSTER) == []
     run_id = runs.run_record(home, CLUSTER)["run_id"]
-    assert (home / CLUSTER / "logs" / run_id / f"{CLUSTER}-chief-0" / "node.log").exists()
+    chief = (home / CLUSTER / "logs" / run_id / f"{CLUSTER}-chief-0" / "node.log").read_text()
+    # the chief is stopped before the parameter servers it reads from: it is not cut off mid-checkpoint (with
+    # every task stopped at once it was, at times: "chief failed in phase 'training': UnavailableError")
+    assert "chief failed" not in chief and "stopped (exit" in chief, chief[-3000:]

@@ -113,9 +113,8 @@ def test_first_contact_and_the_short_playbooks_run_without_mitogen(state, monkey
     training._stop_serving_and_fetch_logs(state, "r1", 4)
     assert calls[-1][0] == "finish.yml" and calls[-1][1]["mitogen"] is False
     monkeypatch.setattr(training.runrecord, "write", lambda *a: None)
-    monkeypatch.setattr(training, "_stop_serving_and_fetch_logs", lambda *a, **kw: True)
     training._finish(None, state, [], {"run_id": "r1"}, stop_chief=True)
-    assert calls[-1][0] == "stop.yml" and calls[-1][1]["mitogen"] is False
+    assert calls[-1][0] == "finish.yml" and calls[-1][1]["mitogen"] is False
 
 
 def test_every_play_that_applies_an_image_role_runs_with_ansibles_own_linear_strategy():

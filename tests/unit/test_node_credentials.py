@@ -65,7 +65,7 @@ def finish_but_the_stop(state: ClusterState) -> subprocess.CompletedProcess:
     """playbooks/finish.yml without its first play, the stop of ps and workers (no supervisor runs on this
     machine): the fetch of logs (none asked for here), the credentials' removal, every node's report."""
     plays = yaml.safe_load((PLAYBOOKS_DIR / "finish.yml").read_text())
-    assert plays[1]["name"] == "Stop parameter servers and workers"
+    assert plays[1]["name"].startswith("Stop parameter servers and workers")
     plays[0]["ansible.builtin.import_playbook"] = str(PLAYBOOKS_DIR / "boilerplate.yml")
     play = state.dir / "finish-but-the-stop.yml"
     play.write_text(yaml.safe_dump([plays[0], *plays[2:]], sort_keys=False))
@@ -154,3 +154,19 @@ def test_down_fetches_the_logs_again_only_when_the_runs_finish_did_not(tmp_path,
     assert plays == ([] if fetched else ["finish.yml"])
     if fetched:
         assert "every node's log was fetched" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stop_chief", [False, True])
+def test_the_finish_stops_the_chief_only_when_asked(tmp_path, stop_chief):
+    """playbooks/finish.yml's stop play: ps and workers at a run's end; every task, chief included, with
+    tfcluster_stop_chief (after a Ctrl-C or a failure), in the same playbook as the logs' fetch."""
+    state, env_files = local_cluster(tmp_path, "parameter_server")
+    res = subprocess.run([str(ansible_run.BIN / "ansible-playbook"), "-i", str(state.inventory), "--list-hosts",
+                          "-e", f"tfcluster_stop_chief={str(stop_chief).lower()}",
+                          str(PLAYBOOKS_DIR / "finish.yml")],
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                         env=ansible_run.environment(state))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    play = res.stdout.split("play #2 (", 1)[1].split("play #3", 1)[0]
+    stopped = set(re.findall(r"^\s+(c-\S+)$", play, re.M))
+    assert stopped == {n for n in env_files if stop_chief or "-chief-" not in n}, play
