@@ -24,17 +24,23 @@ def make(target: str, home: Path, timeout: int = 900, env: dict | None = None,
     return subprocess.run(args, capture_output=True, text=True, env=full_env, timeout=timeout)
 
 
+def ssh_argv(home: Path, cluster: str, ip: str, command: str, as_root: bool = True,
+             user: str = IMAGE_USER) -> list[str]:
+    """The ssh command line that runs a shell command on a local node (see :func:`ssh`)."""
+    ssh_dir = home / cluster / "ssh"
+    if as_root:
+        command = f"sudo -n sh -c {shlex.quote(command)}"
+    return ["ssh", "-i", str(ssh_dir / "id_ed25519"), "-o", f"UserKnownHostsFile={ssh_dir / 'known_hosts'}",
+            "-o", "StrictHostKeyChecking=accept-new", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+            f"{user}@{ip}", command]
+
+
 def ssh(home: Path, cluster: str, ip: str, command: str, timeout: int = 30, as_root: bool = True,
         user: str = IMAGE_USER) -> subprocess.CompletedProcess:
     """Run a shell command on a local node, logged in as the base image's user; with root's rights
     (through sudo, as on a cloud VM) unless as_root is False."""
-    ssh_dir = home / cluster / "ssh"
-    if as_root:
-        command = f"sudo -n sh -c {shlex.quote(command)}"
-    return subprocess.run(
-        ["ssh", "-i", str(ssh_dir / "id_ed25519"), "-o", f"UserKnownHostsFile={ssh_dir / 'known_hosts'}",
-         "-o", "StrictHostKeyChecking=accept-new", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-         f"{user}@{ip}", command], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(ssh_argv(home, cluster, ip, command, as_root, user), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @contextmanager

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import PYTHON, REPO, interruptible
-from tests.integration.helpers import ssh
+from tests.integration.helpers import ssh, ssh_argv
 
 TASK = "/var/lib/tfcluster/task"
 
@@ -76,6 +76,96 @@ def signal_task(home: Path, cluster: str, nodes: dict, node: str, signum: int) -
            f"/supervisor.json'))['child_pid'], {int(signum)})\"")
     res = ssh(home, cluster, nodes[f"{cluster}-{node}"]["private_ip"], cmd)
     assert res.returncode == 0, res.stderr
+
+
+#: runs on the node (python3 -c): watches the task's node.log and signals the task at the first line matching
+#: the pattern. It ignores the log it finds at its start (the previous run's: the run's start renames it to
+#: node.log.1) and follows the next one; if that one is replaced too (a later run), it gives up.
+_WATCHER = r"""
+import json, os, re, sys, time
+log, pattern, signum = sys.argv[1], re.compile(sys.argv[2].encode()), int(sys.argv[3])
+end = time.time() + float(sys.argv[4])
+def inode():
+    try:
+        return os.stat(log).st_ino
+    except FileNotFoundError:
+        return None
+old, ours, pos, rest = inode(), None, 0, b""
+print("watching", flush=True)
+while time.time() < end:
+    now = inode()
+    if now is not None and now != old:
+        if ours is None:
+            ours = now
+        elif now != ours:
+            sys.exit(4)
+        with open(log, "rb") as f:
+            f.seek(pos)
+            chunk = f.read()
+            pos += len(chunk)
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        if any(pattern.search(line) for line in lines):
+            pid = json.load(open(os.path.join(os.path.dirname(log), "supervisor.json")))["child_pid"]
+            os.kill(pid, signum)
+            print("fired", flush=True)
+            sys.exit(0)
+    time.sleep(0.02)
+sys.exit(3)
+"""
+
+
+class OnLogLine:
+    """Send ``signum`` to a node's task the moment its log gets a line matching ``pattern`` (a regular
+    expression): a watcher on the node itself acts within ~20 ms, where a poll of the chief's status over SSH
+    lags it by 1-2 s (~300 steps at this machine's fast phase). Make it before the run starts: it watches the
+    log that run's start makes. A context manager: leaving it stops the watcher if it has not fired."""
+
+    def __init__(self, home: Path, cluster: str, nodes: dict, node: str, pattern: str, signum: int,
+                 timeout: float = 600):
+        self.what = f"{signal.Signals(signum).name} to {node} at /{pattern}/"
+        self.token = f"tfct-watch-{os.getpid()}-{time.monotonic_ns()}"
+        self.ip = nodes[f"{cluster}-{node}"]["private_ip"]
+        self.home, self.cluster = home, cluster
+        command = " ".join(shlex.quote(a) for a in ("python3", "-c", _WATCHER, f"{TASK}/node.log", pattern,
+                                                    str(int(signum)), str(timeout), self.token))
+        self.proc = subprocess.Popen(ssh_argv(home, cluster, self.ip, command), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        first = self.proc.stdout.readline().strip()
+        assert first == "watching", f"the watcher for {self.what} did not start: {first} {self.proc.stderr.read()}"
+
+    def wait(self, timeout: float = 300) -> None:
+        """Wait until the watcher has sent the signal."""
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"no {self.what} within {timeout}s") from None
+        assert self.proc.returncode == 0 and "fired" in out, (self.what, self.proc.returncode, out, err)
+
+    def __enter__(self) -> OnLogLine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+            ssh(self.home, self.cluster, self.ip, f"pkill -f {self.token} || true", timeout=15)
+
+
+def wait_for_pending(home: Path, cluster: str, nodes: dict, node: str, signum: int, timeout=120) -> None:
+    """Wait until ``signum`` is pending on the node's (stopped) task: it was sent, and the task will handle it
+    once it continues."""
+    bit = 1 << (int(signum) - 1)
+    cmd = (f"pid=$(python3 -c \"import json; print(json.load(open('{TASK}/supervisor.json'))['child_pid'])\") && "
+           f"grep -E '^(ShdPnd|SigPnd):' /proc/$pid/status")
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        seen = ssh(home, cluster, nodes[f"{cluster}-{node}"]["private_ip"], cmd, timeout=15).stdout
+        if any(int(mask, 16) & bit for mask in re.findall(r"^\w+:\s+([0-9a-f]+)$", seen, re.M)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{signal.Signals(signum).name} never pending on {node}'s task: {seen}")
 
 
 def wait_for_log_lines(home: Path, cluster: str, nodes: dict, node: str, pattern: str, count: int = 1,

@@ -19,10 +19,12 @@ SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code
 
 class FaultProxy:
     def __init__(self, host: str, upstream: tuple[str, int], fail_rate: float = 0.0, delay_rate: float = 0.0,
-                 delay_s: float = 0.3, seed: int = 7):
+                 delay_s: float = 0.3, seed: int = 7, fail_all_from: str = ""):
         self.upstream = upstream
         self.fail_rate, self.delay_rate, self.delay_s = fail_rate, delay_rate, delay_s
         self.fail_all = False
+        #: from the first request whose path holds this text on (that one included), fail every request
+        self.fail_all_from = fail_all_from
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.counts = {"forwarded": 0, "failed": 0, "delayed": 0}
@@ -39,6 +41,8 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else None
                 with proxy.lock:
                     roll, roll2 = proxy.rng.random(), proxy.rng.random()
+                    if proxy.fail_all_from and proxy.fail_all_from in self.path:
+                        proxy.fail_all = True
                 if proxy.fail_all or roll < proxy.fail_rate:
                     with proxy.lock:
                         proxy.counts["failed"] += 1

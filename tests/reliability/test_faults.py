@@ -74,13 +74,17 @@ def test_worker_killed_at_30_percent(home, env, cluster):
     """Kill a worker at ~30%: the run completes, accuracy >= 0.85, the metrics record the loss and rejoin."""
     # The rest of the run must outlast the worker's restart (the supervisor's back-off, TensorFlow's start, its
     # data shard written again: 4.5 s alone here, ~9 s beside another test file), and at this machine's fast
-    # phase 2400 steps leave only ~7 s after the kill (CI: the run ended before the rejoin). So once the chief
-    # has seen the loss and trained on without the worker, it is paused (SIGSTOP) until the worker serves
+    # phase 2400 steps leave only ~7 s after a kill at 30 % (CI: the run ended before the rejoin). So once the
+    # chief has seen the loss and trained on without the worker, it is paused (SIGSTOP) until the worker serves
     # again: the rejoin then comes with ~1000 steps left whatever the machine's speed.
     steps = 2400
-    train = runs.Train(env, CLUSTER, "--set", "training.checkpoint_every=200", "--steps", str(steps))
-    runs.wait_for_step(home, CLUSTER, cluster, train, int(steps * 0.3))
-    runs.kill_task(home, CLUSTER, cluster, "worker-0")
+    with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", "^checkpoint saved at step 800$", signal.SIGSTOP) as pause:
+        train = runs.Train(env, CLUSTER, "--set", "training.checkpoint_every=200", "--steps", str(steps))
+        pause.wait()
+    try:    # killed while the chief is paused at a third of the run
+        runs.kill_task(home, CLUSTER, cluster, "worker-0")
+    finally:
+        runs.signal_task(home, CLUSTER, cluster, "chief-0", signal.SIGCONT)
     # the chief saw the loss and reported a step after it: it trains on without the worker
     runs.wait_for_log_lines(home, CLUSTER, cluster, "chief-0", f"^step [0-9]+/{steps} ", after="peer worker/0 .* lost")
     runs.signal_task(home, CLUSTER, cluster, "chief-0", signal.SIGSTOP)
@@ -98,39 +102,50 @@ def test_worker_killed_at_30_percent(home, env, cluster):
 
 def test_worker_link_cut_for_20s(home, env, cluster):
     """Cut a worker's link for 20 s mid-run: the run completes (a stuck coordinator is restarted)."""
-    train = runs.Train(env, CLUSTER, *ARGS, "--set", "training.stall_timeout_seconds=30")
-    runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.2))
     veth = node_input(home, CLUSTER, f"{CLUSTER}-worker-1")["veth"]
+    # the cut lands mid-run whatever the machine's speed: the chief is paused at its step-200 checkpoint
+    # while the link goes down
+    with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", "^checkpoint saved at step 200$", signal.SIGSTOP) as pause:
+        train = runs.Train(env, CLUSTER, *ARGS, "--set", "training.stall_timeout_seconds=30")
+        pause.wait()
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
     try:
+        runs.signal_task(home, CLUSTER, cluster, "chief-0", signal.SIGCONT)
         time.sleep(20)
     finally:
         subprocess.run(["ip", "link", "set", veth, "up"], check=True)
     code, out = train.wait()
     assert code == 0, out[-4000:]
     assert printed_metric(out) >= MIN_ACCURACY
+    assert re.search(r"peer worker/1 .* lost", chief_log(home)), chief_log(home)[-3000:]     # it was cut mid-run
 
 
 def test_chief_killed_resumes_from_checkpoint(home, env, cluster):
-    """Kill the chief at ~50%: it is restarted and resumes at the checkpointed step, not 0."""
-    train = runs.Train(env, CLUSTER, *ARGS)
-    at = runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.5))
-    runs.kill_task(home, CLUSTER, cluster, "chief-0")
+    """Kill the chief at ~50% (as it logs its step-600 checkpoint, stored in S3 by then): it is restarted and
+    resumes at that step, not 0."""
+    with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", "^checkpoint saved at step 600$", signal.SIGKILL) as kill:
+        train = runs.Train(env, CLUSTER, *ARGS)
+        kill.wait()
     code, out = train.wait()
     assert code == 0, out[-4000:]
     resumed, saved = resumed_steps(chief_log(home)), saved_before_restart(chief_log(home))
-    assert resumed, chief_log(home)[-3000:]
-    # the newest checkpoint: the last one saved, or one the SIGKILL caught between its upload and its log line
-    assert saved and resumed[-1] in (saved[-1], saved[-1] + 200) and resumed[-1] >= at - 200, (resumed, saved, at)
-    assert runs.run_record(home, CLUSTER)["metrics"]["restored_from_step"] == resumed[-1]
+    assert resumed == [600] and saved[-1] == 600, (resumed, saved, chief_log(home)[-3000:])
+    assert runs.run_record(home, CLUSTER)["metrics"]["restored_from_step"] == 600
     assert "restarts 1" in out or re.search(r"restarts 1\b", out), out[-3000:]
 
 
 def test_ps_killed_recovers_or_resumes(home, env, cluster):
     """Kill the ps at ~50%: the run recovers, or fails clearly and the next train resumes."""
-    train = runs.Train(env, CLUSTER, *ARGS)
-    runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.5))
-    runs.kill_task(home, CLUSTER, cluster, "ps-0")
+    # the chief is paused at its step-600 checkpoint until the ps is down: its next call to the ps fails
+    # whatever the machine's speed (the run's few steps left once ended before a late kill)
+    with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", "^checkpoint saved at step 600$", signal.SIGSTOP) as pause:
+        train = runs.Train(env, CLUSTER, *ARGS)
+        pause.wait()
+    try:
+        runs.kill_task(home, CLUSTER, cluster, "ps-0")
+        runs.wait_for_log_lines(home, CLUSTER, cluster, "ps-0", "task exited .*restarting in")
+    finally:
+        runs.signal_task(home, CLUSTER, cluster, "chief-0", signal.SIGCONT)
     code, out = train.wait()
     if code != 0:
         assert "training failed" in out, out[-3000:]
@@ -149,9 +164,19 @@ def test_spot_notice_on_a_worker_saves_the_step_at_once_and_train_resumes_there(
     imds = FakeImds(host=gateway)
     imds.only = {worker}
     try:
-        train = runs.Train(dict(env, TFCLUSTER_METADATA_URL=imds.url), CLUSTER, *ARGS)
-        at = runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.3))
-        imds.action = '{"action": "terminate", "time": "2026-11-23T05:00:00Z"}'
+        # the notice must reach the chief inside its loop (through the worker's supervisor, its mark in S3, the
+        # chief's poll: up to ~5 s), whatever the machine's speed: the chief is paused at its step-400
+        # checkpoint until the worker has written the mark
+        at = 400
+        with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", f"^checkpoint saved at step {at}$",
+                            signal.SIGSTOP) as pause:
+            train = runs.Train(dict(env, TFCLUSTER_METADATA_URL=imds.url), CLUSTER, *ARGS)
+            pause.wait()
+        try:
+            imds.action = '{"action": "terminate", "time": "2026-11-23T05:00:00Z"}'
+            runs.wait_for_log_lines(home, CLUSTER, cluster, "worker-0", "preemption notice written to s3://")
+        finally:
+            runs.signal_task(home, CLUSTER, cluster, "chief-0", signal.SIGCONT)
         code, out = train.wait()
     finally:
         imds.close()
@@ -205,15 +230,14 @@ def test_s3_faults_model_still_published(home, env, cluster):
 def test_s3_down_down_refuses_then_retry_publishes(home, env, cluster):
     """S3 fails everything from mid-run: down refuses and keeps the cluster; with S3 back, train publishes."""
     ip, port = store.store_addr()
-    with FaultProxy(ip, (ip, port)) as proxy:
-        url = proxy.url
-        train = runs.Train(env, CLUSTER, *S3_ARGS, "--set", f"storage.endpoint={url}",
+    # S3 goes down as the chief uploads its step-600 checkpoint (the proxy's first request for it): 400 is in
+    # S3, 600 only on the chief's disk, whatever the machine's speed (a test flipping it after a poll of the
+    # chief's status was once late: every checkpoint the chief had was in S3)
+    with FaultProxy(ip, (ip, port), fail_all_from="/ckpt-600.") as proxy:
+        train = runs.Train(env, CLUSTER, *S3_ARGS, "--set", f"storage.endpoint={proxy.url}",
                            "--set", "training.max_restarts=1")
-        # at 30 %, not later: the test sees the step a poll late, and under a parallel suite the chief once
-        # uploaded the 1200 checkpoint before S3 failed (waited for 960), so none was newer locally than in S3
-        runs.wait_for_step(home, CLUSTER, cluster, train, int(S3_STEPS * 0.3))
-        proxy.fail_all = True
         code, out = train.wait()
+    assert proxy.fail_all, "the chief never uploaded its step-600 checkpoint"
     assert code == 1 and "could not be stored in S3" in out, out[-4000:]
     assert runs.run_record(home, CLUSTER)["state"] == "unpublished"
     res = make("down", home, CLUSTER=CLUSTER)
@@ -222,7 +246,8 @@ def test_s3_down_down_refuses_then_retry_publishes(home, env, cluster):
     code, out = runs.Train(env, CLUSTER, *S3_ARGS).wait()   # storage healthy again: the kept checkpoint is published
     assert code == 0, out[-4000:]
     assert runs.run_record(home, CLUSTER)["state"] == "verified"
-    assert re.search(r"resumed from checkpoint at step \d+ \(local, newer than S3\)", chief_log(home))
+    local = re.search(r"resumed from checkpoint at step (\d+) \(local, newer than S3\)", chief_log(home))
+    assert local and int(local.group(1)) >= 600, chief_log(home)[-3000:]
 
 
 def test_node_ports_unreachable_from_outside_the_bridge(home, cluster):
@@ -275,9 +300,16 @@ def test_canary_secret_appears_nowhere_else(home, env, cluster):
 
 def test_ctrl_c_during_train_then_down_leaves_nothing(home, env, cluster):
     """Ctrl-C during train, then down: the tasks stop, logs are fetched, nothing of the cluster remains."""
-    train = runs.Train(env, CLUSTER, *ARGS)
-    runs.wait_for_step(home, CLUSTER, cluster, train, int(STEPS * 0.3))
-    os.killpg(train.proc.pid, signal.SIGINT)
+    # the chief is paused at its step-400 checkpoint until the stop reaches it (ansible-playbook's start took
+    # longer than the run's last steps at the machine's fast phase): it gets the stop mid-loop
+    with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", "^checkpoint saved at step 400$", signal.SIGSTOP) as pause:
+        train = runs.Train(env, CLUSTER, *ARGS)
+        pause.wait()
+    try:
+        os.killpg(train.proc.pid, signal.SIGINT)
+        runs.wait_for_pending(home, CLUSTER, cluster, "chief-0", signal.SIGINT)
+    finally:
+        runs.signal_task(home, CLUSTER, cluster, "chief-0", signal.SIGCONT)
     code, out = train.wait(timeout=180)
     assert code == 130, out[-3000:]
     assert runs.run_record(home, CLUSTER)["state"] == "interrupted"

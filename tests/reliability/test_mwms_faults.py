@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 from datetime import datetime
 
@@ -113,10 +114,14 @@ def supervisor_times(log: str, what: str) -> list[float]:
 def test_mwms_worker_killed_every_task_restarts_from_the_checkpoint(home, env, cluster):
     """Kill a worker at ~40% under multi_worker_mirrored: every task restarts from the newest checkpoint,
     the step count goes on from there, accuracy as without the fault."""
-    run = train(env, home)
-    at = runs.wait_for_step(home, CLUSTER, cluster, run, int(STEPS * 0.4))
+    # killed as it logs its step-400 checkpoint: mid-run whatever the machine's speed (a kill after a poll of
+    # the chief's status lands ~1-2 s late)
+    at = int(STEPS * 0.4)
+    with runs.OnLogLine(home, CLUSTER, cluster, "worker-0", f"^checkpoint saved at step {at}$",
+                        signal.SIGKILL) as kill:
+        run = train(env, home)
+        kill.wait()
     killed = datetime.now()
-    runs.kill_task(home, CLUSTER, cluster, "worker-0")
     code, out = run.wait()
     assert code == 0, out[-4000:]
     assert re.search(r"restarts [1-9]", out), out[-3000:]         # the progress line shows the chief's restart
