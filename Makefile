@@ -105,7 +105,7 @@ TEST_WORKERS ?= 2
 test: $(BOOTSTRAP) ## Run the whole test suite (unit, lint, integration, end to end) on TEST_WORKERS workers
 	VENV=$(VENV) ./scripts/bootstrap.sh --test
 	$(VENV)/bin/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
-		$(PYTEST_ARGS) tests
+		--durations=15 $(PYTEST_ARGS) tests
 
 .PHONY: lint
 lint: $(BOOTSTRAP) ## ruff, terraform fmt, ansible-lint and checkov (offline)
