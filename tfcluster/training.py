@@ -147,6 +147,7 @@ def _progress_line(task: dict, sup: dict, eta_s: float | None, data_mb_s: float 
 TERMINAL_TASK_STATES = ("succeeded", "failed", "stopped", "deadline", "lost", "preempted")
 DATA_POLL_S = 15.0        # the workers' read rate, once it is known
 FIRST_DATA_POLL_S = 2.0   # until then: a stream that ends within 15 s of its start must still show one
+FIRST_DATA_WINDOW_S = 60.0  # but only this long: a worker that never reports a rate is not asked every 2 s
 
 
 class ChiefWatch:
@@ -158,7 +159,7 @@ class ChiefWatch:
         self.state, self.chief, self.poll_s = state, chief, poll_s
         self.on_training, self.on_loop_end = on_training, on_loop_end
         self.last_line, self.misses, self.errors, self.first = "", 0, 0, None
-        self.streamers, self.data_mb_s, self.data_due = list(streamers), None, 0.0
+        self.streamers, self.data_mb_s, self.data_due, self.data_since = list(streamers), None, 0.0, None
 
     def __call__(self) -> dict | None:
         try:
@@ -190,9 +191,11 @@ class ChiefWatch:
 
     def _data_rate(self) -> float | None:
         """The workers' summed S3 read rate (workers streaming files only), looked up every FIRST_DATA_POLL_S
-        until a worker reports one (a worker refreshes it every second), then every DATA_POLL_S."""
+        until a worker reports one (a worker refreshes it every second) or FIRST_DATA_WINDOW_S have passed,
+        then every DATA_POLL_S."""
         if not self.streamers or time.monotonic() < self.data_due:
             return self.data_mb_s
+        self.data_since = self.data_since or time.monotonic()
         rates = []
         for node in self.streamers:
             try:
@@ -203,7 +206,8 @@ class ChiefWatch:
             if rate is not None:
                 rates.append(rate)
         self.data_mb_s = sum(rates) if rates else self.data_mb_s
-        self.data_due = time.monotonic() + (DATA_POLL_S if self.data_mb_s is not None else FIRST_DATA_POLL_S)
+        early = self.data_mb_s is None and time.monotonic() - self.data_since < FIRST_DATA_WINDOW_S
+        self.data_due = time.monotonic() + (FIRST_DATA_POLL_S if early else DATA_POLL_S)
         return self.data_mb_s
 
     def _eta(self, task: dict) -> float | None:

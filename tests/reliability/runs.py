@@ -13,6 +13,8 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.conftest import PYTHON, REPO, interruptible
@@ -68,6 +70,15 @@ def wait_for_step(home: Path, cluster: str, nodes: dict, train: Train, step: int
 def kill_task(home: Path, cluster: str, nodes: dict, node: str) -> None:
     """SIGKILL the node's TensorFlow process (its supervisor stays and restarts it)."""
     signal_task(home, cluster, nodes, node, signal.SIGKILL)
+
+
+@contextmanager
+def continued_after(home: Path, cluster: str, nodes: dict, node: str = "chief-0") -> Iterator[None]:
+    """The node's task is paused (SIGSTOP): continue it (SIGCONT) when the block ends, however it ends."""
+    try:
+        yield
+    finally:
+        signal_task(home, cluster, nodes, node, signal.SIGCONT)
 
 
 def signal_task(home: Path, cluster: str, nodes: dict, node: str, signum: int) -> None:
@@ -129,8 +140,8 @@ class OnLogLine:
         self.home, self.cluster = home, cluster
         command = " ".join(shlex.quote(a) for a in ("python3", "-c", _WATCHER, f"{TASK}/node.log", pattern,
                                                     str(int(signum)), str(timeout), self.token))
-        self.proc = subprocess.Popen(ssh_argv(home, cluster, self.ip, command), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(ssh_argv(home, cluster, self.ip, command), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         first = self.proc.stdout.readline().strip()
         assert first == "watching", f"the watcher for {self.what} did not start: {first} {self.proc.stderr.read()}"
 
@@ -149,7 +160,11 @@ class OnLogLine:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-            ssh(self.home, self.cluster, self.ip, f"pkill -f {self.token} || true", timeout=15)
+            # "[t]fct-watch-…" matches the watcher's command line, not this command's own (sudo, sh)
+            try:
+                ssh(self.home, self.cluster, self.ip, f"pkill -f '[{self.token[0]}]{self.token[1:]}'", timeout=15)
+            except subprocess.TimeoutExpired:
+                pass   # the watcher gives up by itself (its timeout, or the next run's log)
 
 
 def wait_for_pending(home: Path, cluster: str, nodes: dict, node: str, signum: int, timeout=120) -> None:
@@ -209,7 +224,6 @@ def resumed_steps(log: str) -> list[int]:
 
 def saved_before_restart(log: str) -> list[int]:
     """The checkpoints the chief saved (and uploaded) before its first restart: the newest is where a task
-    killed then must resume, wherever the kill landed (under load the chief can train on for a few hundred
-    steps between the step a test saw and the SIGKILL)."""
+    killed then must resume."""
     before = log.split("resumed from checkpoint at step", 1)[0]
     return [int(s) for s in re.findall(r"checkpoint saved at step (\d+)", before)]

@@ -4,6 +4,7 @@ ANSIBLE_STRATEGY says when it is set."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -115,6 +116,7 @@ def test_first_contact_and_the_short_playbooks_run_without_mitogen(state, monkey
     monkeypatch.setattr(training.runrecord, "write", lambda *a: None)
     training._finish(None, state, [], {"run_id": "r1"}, stop_chief=True)
     assert calls[-1][0] == "finish.yml" and calls[-1][1]["mitogen"] is False
+    assert json.loads((state.dir / "vars" / "finish-vars.json").read_text())["tfcluster_stop_chief"] is True
 
 
 def test_every_play_that_applies_an_image_role_runs_with_ansibles_own_linear_strategy():

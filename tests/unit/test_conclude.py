@@ -227,3 +227,25 @@ def test_the_chief_watch_looks_up_the_workers_read_rate_often_until_one_reports_
     assert asked[:3] == [100.0, 100.0 + first, 100.0 + 2 * first], asked     # until the first rate
     assert asked[3] == asked[2] + training.DATA_POLL_S, asked                   # then the slow period
     assert "data from S3 42.5 MB/s" in capsys.readouterr().out
+
+
+def test_the_chief_watch_asks_a_silent_worker_for_its_rate_often_only_at_first(state, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(training.time, "monotonic", lambda: clock[0])
+    worker, asked = NODES[1], []
+
+    def status(_state, node, timeout=None):
+        if node is worker:
+            asked.append(clock[0])
+            return {"task": {}}                  # never a rate
+        return _report("training", 3)
+
+    monkeypatch.setattr(training.remote, "task_status", status)
+    watch = training.ChiefWatch(state, NODES[0], 1.0, streamers=[worker])
+    for _ in range(200):
+        watch()
+        clock[0] += 1.0
+    gaps = [b - a for a, b in zip(asked, asked[1:], strict=False)]
+    early = int(training.FIRST_DATA_WINDOW_S / training.FIRST_DATA_POLL_S)
+    assert set(gaps[:early - 1]) == {training.FIRST_DATA_POLL_S}, gaps
+    assert set(gaps[early + 1:]) == {training.DATA_POLL_S}, gaps      # then the slow period, for good
