@@ -1,4 +1,5 @@
-"""What the fault scenarios share: `tfcluster train` in the background, the chief's status, killing a task.
+"""What the fault scenarios share: `tfcluster train` in the background, signalling a task (at once, or at a
+line of its log), waiting for lines in a log and for a signal to be pending.
 
 Each scenario module has its own configured cluster; these helpers take its name (and its state root,
 ``home``) so that one set serves every module.
@@ -21,6 +22,8 @@ from tests.conftest import PYTHON, REPO, interruptible
 from tests.integration.helpers import ssh, ssh_argv
 
 TASK = "/var/lib/tfcluster/task"
+#: a Python expression, on the node: the pid of the task its supervisor runs
+_CHILD_PID = f"json.load(open('{TASK}/supervisor.json'))['child_pid']"
 
 
 class Train:
@@ -46,27 +49,6 @@ class Train:
         return self.out.read_text()
 
 
-def task_status(home: Path, cluster: str, nodes: dict, node: str = "chief-0") -> dict:
-    """A node's status.json (the harness's own report), {} while it has none."""
-    res = ssh(home, cluster, nodes[f"{cluster}-{node}"]["private_ip"], f"cat {TASK}/status.json", timeout=15)
-    try:
-        return json.loads(res.stdout)
-    except ValueError:
-        return {}
-
-
-def wait_for_step(home: Path, cluster: str, nodes: dict, train: Train, step: int, timeout=300) -> int:
-    """Wait until the chief reports training at ``step`` or later; returns the step it reported."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = task_status(home, cluster, nodes)
-        if st.get("phase") == "training" and st.get("step", 0) >= step:
-            return st["step"]
-        assert train.proc.poll() is None, train.text()[-3000:]
-        time.sleep(0.3)
-    raise AssertionError(f"the chief never reached step {step}: {task_status(home, cluster, nodes)}")
-
-
 def kill_task(home: Path, cluster: str, nodes: dict, node: str) -> None:
     """SIGKILL the node's TensorFlow process (its supervisor stays and restarts it)."""
     signal_task(home, cluster, nodes, node, signal.SIGKILL)
@@ -83,8 +65,7 @@ def continued_after(home: Path, cluster: str, nodes: dict, node: str = "chief-0"
 
 def signal_task(home: Path, cluster: str, nodes: dict, node: str, signum: int) -> None:
     """Send ``signum`` to the node's TensorFlow process (the supervisor's child)."""
-    cmd = ("python3 -c \"import json,os; os.kill(json.load(open('" + TASK +
-           f"/supervisor.json'))['child_pid'], {int(signum)})\"")
+    cmd = f"python3 -c \"import json,os; os.kill({_CHILD_PID}, {int(signum)})\""
     res = ssh(home, cluster, nodes[f"{cluster}-{node}"]["private_ip"], cmd)
     assert res.returncode == 0, res.stderr
 
@@ -171,8 +152,7 @@ def wait_for_pending(home: Path, cluster: str, nodes: dict, node: str, signum: i
     """Wait until ``signum`` is pending on the node's (stopped) task: it was sent, and the task will handle it
     once it continues."""
     bit = 1 << (int(signum) - 1)
-    cmd = (f"pid=$(python3 -c \"import json; print(json.load(open('{TASK}/supervisor.json'))['child_pid'])\") && "
-           f"grep -E '^(ShdPnd|SigPnd):' /proc/$pid/status")
+    cmd = f"pid=$(python3 -c \"import json; print({_CHILD_PID})\") && grep -E '^(ShdPnd|SigPnd):' /proc/$pid/status"
     deadline = time.monotonic() + timeout
     seen = ""
     while time.monotonic() < deadline:
