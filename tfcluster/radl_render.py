@@ -26,7 +26,6 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -35,8 +34,7 @@ from tfc_harness import strategies
 
 from .config import ROLES, RunSpec, matching_check, refuse
 from .errors import ConfigError, ProvisionError
-from .paths import REPO, TRAIN_DIR
-from .wheelhouse import harness_bundle
+from .paths import REPO
 
 RADL_DIR = REPO / "radl"
 TEMPLATE = "cluster.radl.j2"
@@ -55,7 +53,6 @@ _MEMORY_RE = re.compile(r"^(\d{1,7})\s*(K|M|G|T|KB|MB|GB|TB|KI|MI|GI|TI|KIB|MIB|
 _INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$")
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _CLOUD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_BUNDLE_RE = re.compile(r"^[A-Za-z0-9_./-]{1,200}$")
 _PUBKEY_RE = re.compile(r"^(ssh-[a-z0-9-]+|ecdsa-sha2-[a-z0-9-]+) [A-Za-z0-9+/=]+( [A-Za-z0-9@._:+-]{0,100})?$")
 _KEY_BODY_RE = re.compile(r"^-----BEGIN [A-Z ]+-----\n[A-Za-z0-9+/=\n]+-----END [A-Z ]+-----\n$")
 
@@ -88,7 +85,6 @@ optional_image_url_check = matching_check(_URL_RE, _IMAGE_URL, optional=True)
 instance_type_check = matching_check(_INSTANCE_RE, "an instance type name: letters, digits, '.', '_', ':', '/', '-'",
                                      optional=True)
 cloud_id_check = matching_check(_CLOUD_ID_RE, "an auth-file id: letters, digits, '_', '.', '-'", optional=True)
-bundle_check = matching_check(_BUNDLE_RE, "a file path: letters, digits, '_', '.', '/', '-'")
 
 
 def memory_check(value: Any) -> str:
@@ -258,29 +254,12 @@ def context(spec: RunSpec, options: Mapping[str, str] | None = None, *, adopted:
         # without a wheelhouse the tensorflow role must use the node's package index (its "wheelhouse" source
         # refuses an empty URL)
         "tensorflow_source": "wheelhouse" if opts.wheelhouse_url else "index",
-        "harness_bundle": opts.harness_bundle,
-        "harness_bundle_id": bundle_id(spec),
         "cloud_id": opts.cloud_id or "",
         "public_key": credentials.public_key.strip() if credentials and credentials.public_key else "",
         "private_key": credentials.private_key if credentials else "",
         "contextualize": contextualize,
         "max_ctxt_time": 3600,
     }
-
-
-def bundle_id(spec: RunSpec, dest_dir=None) -> str:
-    """Content id of the harness bundle tfcluster builds for this run (train/ plus a user's model file).
-
-    tf_node asserts it and unpacks the bundle once per id; ``python -m tfcluster.radl_render --bundle-out``
-    writes the same bundle for IM's Ansible master.
-    """
-    import tempfile
-
-    model = spec.training.model
-    model_file = model if model.endswith(".py") else ""
-    with tempfile.TemporaryDirectory() as tmp:
-        path, digest = harness_bundle(TRAIN_DIR, Path(dest_dir or tmp), model_file)
-    return digest
 
 
 def _environment() -> jinja2.Environment:
@@ -320,9 +299,6 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m tfcluster.radl_render", description=main.__doc__)
     parser.add_argument("-c", "--config", default="", help="cluster file (YAML) with provider: im")
-    parser.add_argument("--bundle-out", default="", metavar="DIR",
-                        help="also write the harness bundle (harness.tar.gz, whose id the RADL names) into DIR, "
-                             "for IM's Ansible master (see provider_options.harness_bundle)")
     parser.add_argument("--contextualize", choices=CONTEXTUALIZE_MODES, default="im",
                         help="im: IM configures the nodes with the project's roles (default); "
                              "tfcluster: empty contextualize, as tfcluster sends it")
@@ -332,9 +308,6 @@ def main(argv: list[str] | None = None) -> int:
         user = spec.ssh.user or DEFAULT_CLOUD_USER
         sys.stdout.write(render(spec, credentials=Credentials(user), contextualize=args.contextualize))
         opts = spec.provider_options
-        if args.bundle_out:
-            bundle_id(spec, args.bundle_out)
-            print(f"radl_render: wrote {Path(args.bundle_out) / 'harness.tar.gz'}", file=sys.stderr)
         if args.contextualize == "im":
             for key in ("roles_url", "wheelhouse_url"):
                 if not opts.get(key):

@@ -54,7 +54,8 @@ def _extra_vars(state: ClusterState, name: str, data: dict) -> Path:
 # -- configure ---------------------------------------------------------------------------------
 def configure(spec: RunSpec, full: bool = False) -> None:
     """Run playbooks/site.yml on every node (idempotent). Skipped when every node was configured with exactly
-    this content already (:mod:`tfcluster.configured`), unless ``full``."""
+    this content already, or its image holds it (:mod:`tfcluster.configured`), unless ``full``. The run's own
+    part (the harness bundle with the user's model) goes to the nodes when the run starts (:func:`_run_tasks`)."""
     state = ClusterState(spec.cluster)
     nodes = _nodes_or_fail(state)
     provider = get_provider(spec.provider, state)
@@ -64,30 +65,27 @@ def configure(spec: RunSpec, full: bool = False) -> None:
         with phase("prepare the wheelhouse"):
             wheels = wheelhouse.ensure(spec.tensorflow.version,
                                        wheelhouse.packages_for([n.gpus for n in nodes]), log=say)
-    model = spec.training.model
-    bundle, bundle_id = wheelhouse.harness_bundle(TRAIN_DIR, state.dir / "vars",
-                                                  model if model.endswith(".py") else "")
+    image_keys = provider.image_keys(spec)
     variables = {
         "tensorflow_version": spec.tensorflow.version,
         "tensorflow_source": "wheelhouse" if offline else "index",
         "tensorflow_wheelhouse_src": str(wheels or ""),
-        "tf_node_train_src": str(TRAIN_DIR),
-        "tf_node_bundle": str(bundle),
-        "tf_node_bundle_id": bundle_id,
-        "tfcluster_image_keys": provider.image_keys(spec),
+        "tfcluster_image_keys": image_keys,
     }
     variables["tfcluster_configure_digest"] = wanted = configured.digest(state, variables)
     before = state.dir / "vars" / "configure-vars.json"   # written by an earlier configure of these nodes
-    if not full and before.exists() and before.stat().st_mtime > state.nodes.stat().st_mtime:
-        with phase(f"check whether {len(nodes)} nodes are configured with this content (digest {wanted})"):
-            current = configured.up_to_date(state, nodes, wanted)
+    earlier = before.exists() and before.stat().st_mtime > state.nodes.stat().st_mtime
+    if not full and (earlier or image_keys):   # nodes fresh from a bare image have neither stamp nor key
+        with phase(f"check whether {len(nodes)} nodes are configured with this content (digest {wanted}, "
+                   "or their image's key)"):
+            current = configured.up_to_date(state, nodes, wanted, image_keys)
         if current:
-            say("every node is configured with this content already: nothing to change ('tfcluster configure "
-                "--full' runs playbooks/site.yml anyway)")
+            say("every node is configured with this content already (its image holds it, or its last configure "
+                "applied it): nothing to change ('tfcluster configure --full' runs playbooks/site.yml anyway)")
             return
     state.logs.mkdir(parents=True, exist_ok=True)
     host = provider.wheelhouse_host(spec)
-    with phase(f"configure {len(nodes)} nodes (playbooks/site.yml, harness {bundle_id})"), \
+    with phase(f"configure {len(nodes)} nodes (playbooks/site.yml)"), \
             (wheelhouse.serve(wheels, host) if host else nullcontext()) as url:
         if url:
             variables["tensorflow_wheelhouse_url"] = url
@@ -432,14 +430,19 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
     ``on_loop_end``: :func:`wait_for_chief`'s). On Ctrl-C or a failure every task is stopped and the logs
     fetched before the error goes on."""
     provider = get_provider(spec.provider, state)
+    model = spec.training.model
+    bundle, bundle_id = wheelhouse.harness_bundle(TRAIN_DIR, state.dir / "vars",
+                                                  model if model.endswith(".py") else "")
     extra = _extra_vars(state, "train-vars.json", {"tf_node_run": settings, "tf_node_deadline": run["deadline"],
+                                                   "tf_node_bundle": str(bundle), "tf_node_bundle_id": bundle_id,
                                                    "tf_node_max_restarts": spec.training.max_restarts,
                                                    "tf_node_vm_halt_minutes": provider.vm_halt_minutes(spec),
                                                    "tf_node_threads": provider.task_threads(spec),
                                                    **preemption_vars(provider)})
     chief = next(n for n in nodes if n.role == "chief")
     try:
-        with phase(f"start the tasks: {roles_text(spec)}, the chief last (playbooks/train.yml)"):
+        with phase(f"start the tasks: {roles_text(spec)}, the chief last "
+                   f"(playbooks/train.yml, harness {bundle_id})"):
             recap = ansible_run.playbook(state, "train.yml", extra, forks=len(nodes),
                                          log_file=state.logs / "train.log", env=s3_env(spec))
             ansible_run.check_reported(recap, [n.name for n in nodes], "start")

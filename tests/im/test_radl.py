@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import tarfile
 
 import pytest
 import requests
@@ -314,9 +313,8 @@ def test_configure_sections_set_only_variables_their_roles_declare_and_what_they
             declared |= set(specs["argument_specs"]["main"]["options"])
         assert set(play["vars"]) <= declared, set(play["vars"]) - declared
         v = play["vars"]
-        # tf_node asserts a non-empty bundle and bundle id; the id is the one tfcluster builds for the run
-        assert v["tf_node_bundle"] == "harness.tar.gz"
-        assert v["tf_node_bundle_id"] == radl_render.bundle_id(spec_for()) and len(v["tf_node_bundle_id"]) == 16
+        # tf_node's main entry point is its standing part: the run's harness bundle comes with tfcluster's start
+        assert not [name for name in v if "bundle" in name], v
         # no wheelhouse URL: the tensorflow role installs from the node's package index
         assert (v["tensorflow_source"], v["tensorflow_wheelhouse_url"]) == ("index", "")
         assert v["tf_gpus"] == (2 if role == "worker" else 0)
@@ -335,18 +333,15 @@ def test_a_wheelhouse_url_selects_the_wheelhouse_source_and_gpu_driver_is_served
         parsed.get_system_by_name("worker"))
 
 
-def test_bundle_out_writes_the_bundle_the_radl_names(tmp_path):
+def test_the_command_line_prints_the_radl_and_says_what_empty_options_mean(tmp_path):
     cfg = tmp_path / "cluster.yml"
     cfg.write_text(f"cluster: tfct-im\nprovider: im\nnetwork: {{allowed_ssh_cidrs: ['198.51.100.7/32']}}\n"
                    "storage: {bucket: my-team-runs}\n"
                    f"provider_options: {{image_url: '{IMAGE}'}}\n")
-    res = subprocess.run([PYTHON, "-m", "tfcluster.radl_render", "--config", str(cfg), "--bundle-out",
-                          str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True)
+    res = subprocess.run([PYTHON, "-m", "tfcluster.radl_render", "--config", str(cfg)], cwd=REPO,
+                         capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    bundle_id = _recipe(parse_radl(res.stdout), "ps")["vars"]["tf_node_bundle_id"]
-
-    with tarfile.open(tmp_path / "b" / "harness.tar.gz") as tar:
-        assert f".bundle-{bundle_id}" in tar.getnames()
+    assert [r["role"] for r in _recipe(parse_radl(res.stdout), "ps")["roles"]] == ["common", "tensorflow", "tf_node"]
     assert "wheelhouse_url is empty" in res.stderr  # the note says what the empty value means
 
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import needs_root
+from tests.conftest import PYTHON, REPO, needs_root
 from tests.integration.helpers import force_down, leftovers, make, node_input, ssh
 from tfcluster import baked
 from tfcluster.config import resolve
@@ -97,22 +99,39 @@ def test_nodes_mount_the_image_and_its_roles_change_nothing(imaged):
     print(f"image roles on 3 imaged nodes: {time.monotonic() - started:.1f}s, changed {changed}")
 
 
-def test_training_works_on_an_imaged_cluster(imaged, tmp_path):
+def _configure(home, config, *args):
+    env = dict(os.environ, TFCLUSTER_HOME=str(home), PYTHONUNBUFFERED="1")
+    return subprocess.run([PYTHON, "-m", "tfcluster", "configure", "--config", str(config), "--cluster", CLUSTER,
+                           "--workers", "1", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_configure_only_checks_imaged_nodes_and_training_works(imaged, tmp_path):
     home, config, _ = imaged
+    # every node's image holds this configuration: configure reads each node's image key and runs no playbook
+    res = _configure(home, config)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "every node is configured with this content already (its image holds it" in res.stdout, res.stdout
+    assert "PLAY RECAP" not in res.stdout and not (home / CLUSTER / "logs" / "configure.log").exists()
+    # site.yml itself, asked for, only checks: the image roles' play matches no node, and nothing changes
+    res = _configure(home, config, "--full")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    recap = re.findall(rf"^\s*({CLUSTER}-\S+)\s+: ok=\d+\s+changed=(\d+)", res.stdout, re.M)
+    assert sorted(recap) == sorted((n, "0") for n in (f"{CLUSTER}-ps-0", f"{CLUSTER}-worker-0", f"{CLUSTER}-chief-0"))
+    log = (home / CLUSTER / "logs" / "configure.log").read_text()
+    section = log.split("PLAY [Install what the node's image lacks")[-1].split("PLAY [")[0]
+    assert "skipping: no hosts matched" in section, section
+    assert "TASK [common :" not in log and "TASK [tensorflow :" not in log and "TASK [tf_node" not in log
+
     started = time.monotonic()
     res = make("train", home, CLUSTER=CLUSTER, WORKERS="1", CONFIG=str(config), STEPS="60",
                env={"TFCLUSTER_ARTIFACTS": str(tmp_path)}, timeout=900)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
-    configure = re.search(r"configure 3 nodes .*: done in ([\d.]+)s", res.stdout)
-    assert configure, res.stdout[-3000:]
-    print(f"train on the image: {time.monotonic() - started:.1f}s (configure {configure.group(1)}s)")
-    # the image holds this configuration's image roles: configure skipped them on every node (tf_node ran)
-    log = (home / CLUSTER / "logs" / "configure.log").read_text()
-    section = log.split("PLAY [Install what the node's image lacks")[-1].split("PLAY [")[0]
-    assert "skipping: no hosts matched" in section, section
-    assert "TASK [common :" not in log and "TASK [tensorflow :" not in log
+    print(f"train on the image: {time.monotonic() - started:.1f}s")
+    assert "every node is configured with this content already" in res.stdout, res.stdout[-3000:]
+    # the run's part came with its start: the harness bundle, copied to every node once
+    log = (home / CLUSTER / "logs" / "train.log").read_text()
     section = log.split("TASK [tf_node : Copy the harness bundle")[-1].split("TASK [")[0]
-    assert len(re.findall(r"^(ok|changed): \[", section, re.M)) == 3, section
+    assert len(re.findall(r"^changed: \[", section, re.M)) == 3, section
     assert "model verified" in res.stdout
     run = json.loads((home / CLUSTER / "run.json").read_text())
     assert run["state"] == "verified", run

@@ -39,7 +39,6 @@ from ..config import ROLES, Checked, RunSpec, matching_check, refuse, whole_numb
 from ..errors import ConfigError, ProvisionError, TfclusterError
 from ..paths import ClusterState
 from ..radl_render import (
-    bundle_check,
     cloud_id_check,
     cpu_check,
     http_url_check,
@@ -140,9 +139,6 @@ class ImOptions(ProviderOptions):
     wheelhouse_url: Checked(http_url_check) | None = Field(
         None, description="for IM's own contextualization: URL the nodes read the TensorFlow wheelhouse from "
                           "('' = each node installs from its package index)")
-    harness_bundle: Checked(bundle_check) = Field(
-        "harness.tar.gz", description="for IM's own contextualization: the harness bundle, a path on IM's Ansible "
-                                      "master or a file of the tf_node role (default harness.tar.gz)")
 
     def cpu_of(self, role: str) -> int:
         return getattr(self, f"{role}_cpu") or self.cpu
