@@ -210,7 +210,7 @@ def run_plain(model: str, steps: int, batch_size: int, learning_rate: float) -> 
 def run_phase(name: str, args: list[str], times: dict) -> str:
     start = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "tfcluster", *args], cwd=REPO, capture_output=True, text=True)
-    times[name] = round(time.monotonic() - start, 1)
+    times[name] = round(time.monotonic() - start, 2)
     if res.returncode != 0:
         raise SystemExit(f"bench: phase {name} failed:\n{res.stdout[-3000:]}\n{res.stderr[-2000:]}")
     return res.stdout
@@ -293,21 +293,22 @@ def outside_loop(times: dict, trains: list[dict]) -> float | None:
 def bench_scale(prefix: str, sets: list[str]) -> dict:
     """configure twice on a parameter_server cluster of each size in SCALE_NODES (the second: nothing to do)."""
     configure: dict[int, list[float]] = {}
-    phases = {}
+    phases, playbook = {}, {}
     for n in SCALE_NODES:
         cluster = f"{prefix}-s{n}"
         base = ["--cluster", cluster, "--ps", "1", "--workers", str(n - 2), *(a for s in sets for a in ("--set", s))]
         times: dict[str, float] = {}
         try:
             run_phase("up", ["up", *base], times)
-            run_phase("configure", ["configure", *base], times)
-            first = times["configure"]
+            out = run_phase("configure", ["configure", *base], times)
+            first, playbook[str(n)] = times["configure"], "PLAY RECAP" in out
             run_phase("configure", ["configure", *base], times)
             configure[n] = [first, times["configure"]]
         finally:
             run_phase("down", ["down", "--force", *base], times)
         phases[str(n)] = {"up": times["up"], "configure": configure.get(n), "down": times["down"]}
-    return dict(scale_figures(configure), phases_s=phases)
+    # on nodes of a current image the first configure is the same SSH check as the second (no playbook)
+    return dict(scale_figures(configure), phases_s=phases, first_configure_ran_playbook=playbook)
 
 
 def image_state() -> str:
@@ -424,7 +425,9 @@ def target_rows(report: dict) -> list[tuple[str, float | None, str, bool | None]
         add(f"configure {large} nodes / {small} nodes", s[f"configure_{large}_over_{small}"], "<=",
             TARGETS["configure_large_over_small"])
         for n in (small, large):
-            add(f"second configure, % of the first, {n} nodes", s[f"second_configure_pct_{n}"], "<=",
+            either = "" if s.get("first_configure_ran_playbook", {}).get(str(n), True) else \
+                " (the first ran no playbook either)"
+            add(f"second configure, % of the first, {n} nodes{either}", s[f"second_configure_pct_{n}"], "<=",
                 TARGETS["second_configure_pct"])
     return out
 

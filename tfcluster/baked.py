@@ -1,8 +1,9 @@
 """Baked node images: what ``playbooks/site.yml`` installs that is not per node, installed once.
 
 The roles common, gpu_driver and tensorflow (apt packages, the TensorFlow venv from the wheelhouse, ...) do
-the same on every node; tf_node (the harness, the run's user, keys, the firewall) is per node. An image holds
-the result of the first three, applied by the same roles (``playbooks/image.yml``) to a *builder* node:
+the same on every node, and so does tf_node's standing part (the task user, its directories, the supervisor);
+the rest of tf_node (the harness bundle, keys, the firewall) comes with each run's start. An image holds
+the result of those, applied by the same roles (``playbooks/image.yml``) to a *builder* node:
 
 - local: the builder is a one-node local cluster on the base image (:mod:`tfcluster.image`); its overlay
   upper directory after the roles ran, scrubbed of per-node state (:data:`PER_NODE`), becomes a read-only
@@ -18,9 +19,9 @@ lock files, the lock file of the image's TensorFlow package, the playbook, and t
 from the configuration (TensorFlow version, package, GPUs, where the wheels come from, CPU architecture). A
 change to any of them makes a new image; an image is never altered once built (a new key, a new
 directory). The image records its key (:data:`KEY_FILE`); configure (``playbooks/site.yml``) skips the image
-roles on a node whose key is the one this configuration would bake (the provider's ``image_keys``), so such a
-node gets only tf_node, the per-node part. On any other node (a bare image, an older image) the roles run;
-on an image they only check (changed=0).
+roles on a node whose key is the one this configuration would bake (the provider's ``image_keys``), and
+:mod:`tfcluster.configured` skips the playbook when every node is such a node. On any other node (a bare
+image, an older image) the roles run; on an image they only check (changed=0).
 """
 
 from __future__ import annotations

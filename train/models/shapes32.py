@@ -24,15 +24,15 @@ SEED = 1234
 
 
 def build_model():
-    """Three conv blocks (96, 128, 192 filters) and a dense head returning logits."""
+    """Three conv blocks (128, 160, 192 filters) and a dense head returning logits."""
     import keras
     from keras import layers
 
     return keras.Sequential([
         keras.Input(shape=INPUT_SHAPE),
-        layers.Conv2D(96, 3, padding="same", activation="relu"),
-        layers.MaxPooling2D(2),
         layers.Conv2D(128, 3, padding="same", activation="relu"),
+        layers.MaxPooling2D(2),
+        layers.Conv2D(160, 3, padding="same", activation="relu"),
         layers.MaxPooling2D(2),
         layers.Conv2D(192, 3, padding="same", activation="relu"),
         layers.MaxPooling2D(2),
