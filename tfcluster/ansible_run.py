@@ -94,6 +94,8 @@ def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None
         cmd += ["-e", f"@{extra_vars_file}"]
     if limit:
         cmd += ["--limit", ",".join(limit)]
+    if log_file:
+        log_file.parent.mkdir(parents=True, exist_ok=True)   # the cluster's logs/ (a skipped configure made none)
     log = open(log_file, "a") if log_file else None
     try:
         # stdin: Ansible needs none, and refuses to start on a non-blocking one (a background job's)

@@ -34,11 +34,21 @@ def save_spec(state: ClusterState, spec: RunSpec) -> None:
     state.spec.write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
 
 
+#: settings a cluster's saved spec may hold from an earlier release that this one no longer has: dropped when
+#: the spec is read back, so a cluster brought up before can still be trained on and taken down
+#: (provider_options.harness_bundle: IM's contextualization copied the harness bundle until 9dd10e6)
+RETIRED_SETTINGS = (("provider_options", "harness_bundle"),)
+
+
 def load_spec(state: ClusterState) -> RunSpec | None:
-    """The spec the cluster was brought up with (re-validated), or None."""
+    """The spec the cluster was brought up with (re-validated, less :data:`RETIRED_SETTINGS`), or None."""
     if not state.spec.exists():
         return None
-    return resolve(json.loads(state.spec.read_text()), check_files=False)
+    saved = json.loads(state.spec.read_text())
+    for section, key in RETIRED_SETTINGS:
+        if isinstance(saved.get(section), dict):
+            saved[section].pop(key, None)
+    return resolve(saved, check_files=False)
 
 
 def ensure_ssh_key(state: ClusterState) -> str:

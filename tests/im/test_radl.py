@@ -379,3 +379,25 @@ def test_readme_auth_example_passes_the_check(tmp_path, no_im_calls):
     auth.write_text(block)
     auth.chmod(0o600)    # as the README says to keep it
     ImProvider(ClusterState("tfct-im", root=tmp_path)).check(spec_for(options={"auth_file": str(auth)}))
+
+
+def test_a_cluster_saved_with_the_retired_harness_bundle_option_still_loads_and_a_new_file_is_told(tmp_path):
+    """provider_options.harness_bundle is gone (the run's start copies the bundle): the spec of an IM cluster
+    brought up before still loads (its `down` must work), while a cluster file that sets it is refused."""
+    import json
+
+    from tfcluster.cluster import load_spec
+    from tfcluster.errors import ConfigError
+    from tfcluster.paths import ClusterState
+
+    state = ClusterState("tfct-im", root=tmp_path)
+    state.dir.mkdir(parents=True)
+    saved = spec_for().to_dict()
+    saved["provider_options"]["harness_bundle"] = "harness.tar.gz"   # a cluster file that had set it
+    state.spec.write_text(json.dumps(saved))
+    loaded = load_spec(state)
+    assert loaded is not None and loaded.provider_options["image_url"] == IMAGE
+    assert "harness_bundle" not in loaded.provider_options
+    assert radl_render.render(loaded)      # the provider takes the loaded spec's options
+    with pytest.raises(ConfigError, match="provider_options.harness_bundle"):
+        radl_render.render(spec_for(options={"harness_bundle": "harness.tar.gz"}))

@@ -205,7 +205,7 @@ def test_a_node_cannot_reach_the_host_and_its_tf_port_answers_members_only(home,
         assert not bounding & (1 << bit), f"{name} is in the node's bounding set"
 
     # The TensorFlow port: a listener on the chief answers the worker, not the host (any local user): the
-    # host's own guard, out of the nodes' reach (the node's firewall comes with configure).
+    # host's own guard, out of the nodes' reach (the node's firewall comes with a run's start).
     guard = subprocess.run(["nft", "list", "table", "inet", localnode.guard_table(localnode.bridge_name(cluster))],
                            capture_output=True, text=True)
     assert "tcp dport 2222 reject with tcp reset" in guard.stdout, guard.stdout + guard.stderr

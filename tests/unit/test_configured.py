@@ -98,7 +98,7 @@ def test_a_current_image_counts_only_for_the_role_it_is_keyed_for(state, monkeyp
     assert configured.up_to_date(state, _nodes(2), "d1", {}) is False      # a provider without images
 
 
-def test_site_yml_writes_the_stamp_last_and_only_with_a_digest():
+def test_site_yml_stamps_only_the_nodes_it_applied_the_roles_to_and_only_with_a_digest():
     import yaml
 
     play = next(p for p in yaml.safe_load((REPO / "playbooks" / "site.yml").read_text()) if "post_tasks" in p)
