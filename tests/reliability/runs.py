@@ -1,5 +1,6 @@
-"""What the fault scenarios share: `tfcluster train` in the background, signalling a task (at once, or at a
-line of its log), waiting for lines in a log and for a signal to be pending.
+"""What the fault scenarios share: `tfcluster train` in the background (or paused at a line of the chief's
+log), signalling a task (at once, or at a line of its log), waiting for lines in a log and for a signal to be
+pending.
 
 Each scenario module has its own configured cluster; these helpers take its name (and its state root,
 ``home``) so that one set serves every module.
@@ -146,6 +147,16 @@ class OnLogLine:
                 ssh(self.home, self.cluster, self.ip, f"pkill -f '[{self.token[0]}]{self.token[1:]}'", timeout=15)
             except subprocess.TimeoutExpired:
                 pass   # the watcher gives up by itself (its timeout, or the next run's log)
+
+
+def train_paused_at(env: dict, home: Path, cluster: str, nodes: dict, pattern: str, *args: str) -> Train:
+    """Start ``tfcluster train *args`` and return it once the chief's task is paused (SIGSTOP) at the first
+    line of its log matching ``pattern``: the fault then lands at that line. Continue the chief with
+    :func:`continued_after`."""
+    with OnLogLine(home, cluster, nodes, "chief-0", pattern, signal.SIGSTOP) as pause:
+        train = Train(env, cluster, *args)
+        pause.wait()
+    return train
 
 
 def wait_for_pending(home: Path, cluster: str, nodes: dict, node: str, signum: int, timeout=120) -> None:

@@ -78,9 +78,8 @@ def test_worker_killed_at_30_percent(home, env, cluster):
     # chief has seen the loss and trained on without the worker, it is paused (SIGSTOP) until the worker serves
     # again: the rejoin then comes with ~1000 steps left whatever the machine's speed.
     steps = 2400
-    with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", "^checkpoint saved at step 800$", signal.SIGSTOP) as pause:
-        train = runs.Train(env, CLUSTER, "--set", "training.checkpoint_every=200", "--steps", str(steps))
-        pause.wait()
+    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 800$",
+                                 "--set", "training.checkpoint_every=200", "--steps", str(steps))
     with runs.continued_after(home, CLUSTER, cluster):    # killed while the chief is paused at a third of the run
         runs.kill_task(home, CLUSTER, cluster, "worker-0")
     # the chief saw the loss and reported a step after it: it trains on without the worker
@@ -101,9 +100,8 @@ def test_worker_link_cut_for_20s(home, env, cluster):
     veth = node_input(home, CLUSTER, f"{CLUSTER}-worker-1")["veth"]
     # the cut lands mid-run whatever the machine's speed: the chief is paused at its step-200 checkpoint
     # while the link goes down
-    with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", "^checkpoint saved at step 200$", signal.SIGSTOP) as pause:
-        train = runs.Train(env, CLUSTER, *ARGS, "--set", "training.stall_timeout_seconds=30")
-        pause.wait()
+    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 200$", *ARGS,
+                                 "--set", "training.stall_timeout_seconds=30")
     try:
         with runs.continued_after(home, CLUSTER, cluster):
             subprocess.run(["ip", "link", "set", veth, "down"], check=True)
@@ -134,9 +132,7 @@ def test_ps_killed_recovers_or_resumes(home, env, cluster):
     """Kill the ps at 60%: the run recovers, or fails clearly and the next train resumes."""
     # the chief is paused at its step-600 checkpoint until the ps is down: its next call to the ps fails
     # whatever the machine's speed (the run's few steps left once ended before a late kill)
-    with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", "^checkpoint saved at step 600$", signal.SIGSTOP) as pause:
-        train = runs.Train(env, CLUSTER, *ARGS)
-        pause.wait()
+    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 600$", *ARGS)
     with runs.continued_after(home, CLUSTER, cluster):
         runs.kill_task(home, CLUSTER, cluster, "ps-0")
         runs.wait_for_log_lines(home, CLUSTER, cluster, "ps-0", "task exited .*restarting in")
@@ -162,10 +158,8 @@ def test_spot_notice_on_a_worker_saves_the_step_at_once_and_train_resumes_there(
         # chief's poll: up to ~5 s), whatever the machine's speed: the chief is paused at its first progress
         # line past step 400 (past the step-400 checkpoint) until the worker has written the mark
         at = 400
-        with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", r"^step (4(0[1-9]|[1-9][0-9])|[5-9][0-9][0-9])/",
-                            signal.SIGSTOP) as pause:
-            train = runs.Train(dict(env, TFCLUSTER_METADATA_URL=imds.url), CLUSTER, *ARGS)
-            pause.wait()
+        train = runs.train_paused_at(dict(env, TFCLUSTER_METADATA_URL=imds.url), home, CLUSTER, cluster,
+                                     r"^step (4(0[1-9]|[1-9][0-9])|[5-9][0-9][0-9])/", *ARGS)
         with runs.continued_after(home, CLUSTER, cluster):
             imds.action = '{"action": "terminate", "time": "2026-11-23T05:00:00Z"}'
             runs.wait_for_log_lines(home, CLUSTER, cluster, "worker-0", "preemption notice written to s3://")
@@ -294,9 +288,7 @@ def test_ctrl_c_during_train_then_down_leaves_nothing(home, env, cluster):
     """Ctrl-C during train, then down: the tasks stop, logs are fetched, nothing of the cluster remains."""
     # the chief is paused at its step-400 checkpoint until the stop reaches it (ansible-playbook's start took
     # longer than the run's last steps at the machine's fast phase): it gets the stop mid-loop
-    with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", "^checkpoint saved at step 400$", signal.SIGSTOP) as pause:
-        train = runs.Train(env, CLUSTER, *ARGS)
-        pause.wait()
+    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 400$", *ARGS)
     with runs.continued_after(home, CLUSTER, cluster):
         os.killpg(train.proc.pid, signal.SIGINT)
         runs.wait_for_pending(home, CLUSTER, cluster, "chief-0", signal.SIGINT)
