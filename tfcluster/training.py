@@ -237,14 +237,14 @@ def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: f
 
 
 def _stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, console: bool = True,
-                                 chief_too: bool = False) -> bool:
-    """Run playbooks/finish.yml: stop ps and workers (``chief_too``: every task, as after a Ctrl-C or a
+                                 stop_chief: bool = False) -> bool:
+    """Run playbooks/finish.yml: stop ps and workers (``stop_chief``: every task, as after a Ctrl-C or a
     failure), fetch every node's log and state to .tfcluster/<cluster>/logs/<run-id>/ and remove the tasks'
     credentials file; best effort: a failure is reported, not raised. True when every node's log was fetched."""
     dest = state.logs / run_id
     dest.mkdir(parents=True, exist_ok=True)
     extra = _extra_vars(state, "finish-vars.json", {"tf_node_logs_dest": str(dest),
-                                                    "tfcluster_stop_chief": chief_too})
+                                                    "tfcluster_stop_chief": stop_chief})
     try:
         ansible_run.playbook(state, "finish.yml", extra, forks=forks, log_file=state.logs / "train.log",
                              console=console, mitogen=False)
@@ -514,7 +514,7 @@ def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, st
     says whether every log was fetched (and every credentials file removed), which ``down`` then need not do
     again."""
     with phase("stop the tasks still serving, fetch logs"):
-        run["logs_fetched"] = _stop_serving_and_fetch_logs(state, run["run_id"], len(nodes), chief_too=stop_chief)
+        run["logs_fetched"] = _stop_serving_and_fetch_logs(state, run["run_id"], len(nodes), stop_chief=stop_chief)
     runrecord.write(state, run)
     return state.logs / run["run_id"]
 

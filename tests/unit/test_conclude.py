@@ -82,7 +82,7 @@ def test_a_failed_run_fetches_the_logs_before_it_reports(state, monkeypatch):
     run = {"run_id": "r1", "state": "started"}
     with pytest.raises(TfclusterError, match="training failed: the chief's task ended 'failed'"):
         training._conclude(None, state, NODES, run, {"supervisor": {"state": "failed", "exit_code": 1}})
-    assert calls == [{"chief_too": False}] and runrecord.read(state)["state"] == "failed"   # its task has ended
+    assert calls == [{"stop_chief": False}] and runrecord.read(state)["state"] == "failed"   # its task has ended
 
 
 def test_ctrl_c_during_verification_waits_for_the_finish_and_records_it(state, monkeypatch):
