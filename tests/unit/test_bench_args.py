@@ -112,7 +112,8 @@ def test_the_report_ends_with_each_figure_beside_its_target(capsys):
                         "phases_s": {"up": 2.0, "configure": 9.0, "down": 3.0}, "trains": [train],
                         "outside_loop_s": 32.0}],
               "scale": dict(bench.scale_figures({4: [20.0, 1.5], 12: [24.0, 3.0]}),
-                            first_configure_ran_playbook={"4": True, "12": False})}
+                            first_configure_ran_playbook={"4": True, "12": False},
+                            bare={"nodes": 4, "configure_s": [70.0, 0.4], "second_configure_pct": 0.6})}
     report["rows"] = bench.rows(report)
     got = {name: (value, target, met) for name, value, target, met in bench.target_rows(report)}
     assert got["ratio shapes32 multi_worker_mirrored"] == (0.9, ">= 0.9", True)
@@ -125,8 +126,11 @@ def test_the_report_ends_with_each_figure_beside_its_target(capsys):
     # a first configure that ran no playbook (every node's image current) is said so beside the figure
     assert got["second configure, % of the first, 12 nodes (the first ran no playbook either)"] == (
         12.5, "<= 10", False)
+    # and the bare base image's pair, where the first configure installs everything
+    assert got["second configure, % of the first, 4 nodes on the bare base image"] == (0.6, "<= 10", True)
     bench.print_report(report)
     out = capsys.readouterr().out
     assert "nodes mount image tf-x" in out and "targets (README, Benchmark)" in out
-    assert "configure 12 nodes / 4 nodes" in out and out.rstrip().endswith("no")
+    assert "configure 12 nodes / 4 nodes" in out and out.rstrip().endswith("yes")
+    assert "bare base image, 4 nodes: first configure 70.0 s (installs everything), second 0.4 s (0.6% of" in out
     assert "the fastest of 3 timings [9.9, 9.6, 9.7] s: 64.00 ms/step" in out
