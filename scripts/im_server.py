@@ -2,8 +2,8 @@
 """A private Infrastructure Manager (IM 2.x) server on loopback: install, start, stop, status.
 
 IM's server pulls its own Ansible and web stack, so it lives in a virtual environment of its own
-(default ``.tfcluster/_im/venv``), never in the project's ``.venv``. Each server instance has a
-directory with its configuration (``im.cfg``), its SQLite database, its log and its pid file:
+(default ``_im/venv`` in the machine's cache, ``~/.cache/tfcluster``), never in the project's ``.venv``.
+Each server instance has a directory with its configuration (``im.cfg``), its SQLite database, its log and its pid file:
 
     scripts/im_server.py install [--venv DIR]                        # also installs im_client
     scripts/im_server.py start --dir DIR --port PORT [--venv DIR]   # prints the REST URL
@@ -34,10 +34,13 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tfcluster.paths import cache_root  # noqa: E402  (the machine's cache: every checkout shares IM's venv)
+
 IM_VERSION = "2.0.0"
 #: the operator's client (the command is im_client since 2.0), installed beside the server
 IM_CLIENT_VERSION = "1.8.4"
-DEFAULT_VENV = REPO / ".tfcluster" / "_im" / "venv"
+DEFAULT_VENV = cache_root() / "_im" / "venv"
 BASE_PYTHON = "/usr/bin/python3"  # Debian's python with venv (pyenv shims are not on every machine)
 
 # Runs inside IM's venv: apply the instance's im.cfg (last, so it wins over /etc/im/im.cfg), then start

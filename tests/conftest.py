@@ -12,9 +12,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-# Every test's state root is its own, but the base image, the apt cache and the wheelhouse are shared
-# (built once, as on a user's machine): the repository's own state root holds them.
-os.environ.setdefault("TFCLUSTER_CACHE", str(REPO / ".tfcluster"))
+# Every test's state root is its own, but the images, the apt cache and the wheelhouse are the machine's
+# cache (tfcluster.paths.cache_root), built once as on a user's machine: a fresh clone bakes nothing another
+# checkout baked.
 
 
 #: a subnet nothing routes here (auto subnets are 10.231.<k>.0/24): for tests that validate a configuration

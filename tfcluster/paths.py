@@ -24,11 +24,15 @@ def state_root() -> Path:
 
 
 def cache_root() -> Path:
-    """Where what every cluster shares is kept: base images, the apt cache, the wheelhouse.
+    """Where what every cluster of this machine shares is kept: the base and node images, the apt cache, the
+    wheelhouse, the job checks' stamps, IM's venv. All of it is keyed by its content, so every checkout of the
+    project on the machine uses the same (a fresh clone bakes no image another one baked).
 
-    The state root by default; ``TFCLUSTER_CACHE`` moves it (the tests share one across their state roots).
+    ``$XDG_CACHE_HOME/tfcluster`` (``~/.cache/tfcluster``) by default; ``TFCLUSTER_CACHE`` moves it.
     """
-    return Path(os.environ.get("TFCLUSTER_CACHE") or state_root()).resolve()
+    if os.environ.get("TFCLUSTER_CACHE"):
+        return Path(os.environ["TFCLUSTER_CACHE"]).resolve()
+    return (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tfcluster").resolve()
 
 
 def artifacts_root() -> Path:

@@ -56,3 +56,20 @@ def test_control_dir_refuses_a_symlink(state, tmp_path):
             state.ensure_control_dir()
     finally:
         state.control_dir.unlink()
+
+
+def test_the_cache_is_the_machines_whatever_the_state_root(tmp_path, monkeypatch):
+    """Images, wheels and apt packages are shared by every checkout: not under the state root (a clone's
+    .tfcluster/) but in $XDG_CACHE_HOME/tfcluster; TFCLUSTER_CACHE moves it."""
+    from tfcluster.paths import cache_root, state_root
+
+    monkeypatch.delenv("TFCLUSTER_CACHE", raising=False)
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path / "clone" / ".tfcluster"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "tfcluster"
+    assert state_root() == tmp_path / "clone" / ".tfcluster"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_root() == tmp_path / "home" / ".cache" / "tfcluster"
+    monkeypatch.setenv("TFCLUSTER_CACHE", str(tmp_path / "elsewhere"))
+    assert cache_root() == tmp_path / "elsewhere"
