@@ -120,7 +120,7 @@ clean: $(BOOTSTRAP) ## Stop the local S3 store (its objects go with it); refused
 	$(TFCLUSTER) store stop $(if $(FORCE),--force)
 
 .PHONY: bench
-bench: $(BOOTSTRAP) ## Benchmark models x strategies vs one plain process: ex/s, ratio, coordination ms/step, peak memory, phases (SCALE=1: configure 4 and 12 nodes)
+bench: $(BOOTSTRAP) ## Benchmark models x strategies vs one plain process: ex/s, ratio, coordination ms/step, peak memory, phases (SCALE=1: configure 4 and 12 nodes, and 4 on the bare base image)
 	$(VENV)/bin/python scripts/bench.py $(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(STEPS),--steps $(STEPS)) \
 		$(if $(STRATEGIES),--strategies $(STRATEGIES)) $(if $(MODELS),--models $(MODELS)) \
 		$(if $(THREADS),--threads $(THREADS)) $(if $(SCALE),--scale) $(BENCH_ARGS)
