@@ -10,7 +10,9 @@ CNN step is ~1.5x slower without them); only its C++ log level is raised.  The t
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from . import preemption, strategies, threads
@@ -21,13 +23,29 @@ TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def prepare_process(settings: settings_mod.Settings) -> settings_mod.Settings:
-    """Set TF env vars and TF_CONFIG, create and enter ``state_dir``; returns settings with it absolute."""
+    """Set TF env vars and TF_CONFIG, create and enter ``state_dir``, give the process its own temporary
+    directory there; returns settings with ``state_dir`` absolute."""
     os.environ.update(TF_ENV)
     state_dir = Path(settings.state_dir).expanduser().resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     os.chdir(state_dir)
+    use_private_tmp(state_dir / TMP_DIR)
     os.environ["TF_CONFIG"] = settings.tf_config_json()
     return settings.model_copy(update={"state_dir": str(state_dir)})
+
+
+#: the task's temporary directory, in its state_dir
+TMP_DIR = "tmp"
+
+
+def use_private_tmp(directory: Path) -> None:
+    """Point the process's temporary files at ``directory``, emptied first. TensorFlow's AutoGraph writes a
+    file there for each function it converts and removes them only at an orderly interpreter exit, which a
+    task skips (:func:`end_now`, a stopped server): in the machine's /tmp they piled up run after run."""
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(mode=0o700)
+    os.environ["TMPDIR"] = str(directory)
+    tempfile.tempdir = str(directory)
 
 
 def serve(strategy: strategies.Strategy) -> int:
