@@ -106,7 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="each task's TensorFlow thread pools: share (the local nodes' default: their share of "
                         "the cores), tensorflow (its defaults), compare (train each model with both)")
     p.add_argument("--scale", action="store_true",
-                   help=f"also time configure (twice) on clusters of {' and '.join(map(str, SCALE_NODES))} nodes")
+                   help=f"also time configure (twice) on clusters of {' and '.join(map(str, SCALE_NODES))} nodes, "
+                        f"and on {BARE_NODES} nodes of the bare base image")
     p.add_argument("--no-train", action="store_true", help="skip the model x strategy runs (with --scale)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to every tfcluster command (e.g. network.subnet=10.231.234.0/24)")
@@ -321,7 +322,12 @@ def bench_scale(prefix: str, sets: list[str]) -> dict:
         configure[n], phases[str(n)], playbook[str(n)] = configure_twice(f"{prefix}-s{n}", n, sets)
     # on nodes of a current image the first configure is the same SSH check as the second (no playbook)
     out = dict(scale_figures(configure), phases_s=phases, first_configure_ran_playbook=playbook)
-    times, bare_phases, bare_playbook = configure_twice(f"{prefix}-b{BARE_NODES}", BARE_NODES, [*sets, *BARE_SETS])
+    try:
+        times, bare_phases, bare_playbook = configure_twice(f"{prefix}-b{BARE_NODES}", BARE_NODES,
+                                                            [*sets, *BARE_SETS])
+    except SystemExit as exc:    # a failed phase (run_phase says which): the figures above are kept
+        out["bare"] = {"nodes": BARE_NODES, "error": str(exc), "second_configure_pct": None}
+        return out
     out["bare"] = {"nodes": BARE_NODES, "configure_s": times, "phases_s": bare_phases,
                    "first_configure_ran_playbook": bare_playbook,
                    "second_configure_pct": round(100.0 * times[1] / times[0], 1) if times[0] else None}
@@ -409,8 +415,10 @@ def print_report(report: dict) -> None:
               f"second configure {s['configure_s'][str(small)][1]} s ({s[f'second_configure_pct_{small}']}% of "
               f"the first) on {small}, {s['configure_s'][str(large)][1]} s "
               f"({s[f'second_configure_pct_{large}']}%) on {large}")
-        if s.get("bare"):
-            b = s["bare"]
+        b = s.get("bare")
+        if b and b.get("error"):
+            print(f"bare base image, {b['nodes']} nodes: failed: {b['error']}")
+        elif b:
             print(f"bare base image, {b['nodes']} nodes: first configure {b['configure_s'][0]} s (installs "
                   f"everything), second {b['configure_s'][1]} s ({b['second_configure_pct']}% of the first)")
     print("\ntargets (README, Benchmark): figure, value, target, met")

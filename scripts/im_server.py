@@ -2,8 +2,9 @@
 """A private Infrastructure Manager (IM 2.x) server on loopback: install, start, stop, status.
 
 IM's server pulls its own Ansible and web stack, so it lives in a virtual environment of its own
-(default ``_im/venv`` in the machine's cache, ``~/.cache/tfcluster``), never in the project's ``.venv``.
-Each server instance has a directory with its configuration (``im.cfg``), its SQLite database, its log and its pid file:
+(default ``_im/im-<version>-client-<version>/venv`` in the machine's cache, ``~/.cache/tfcluster``),
+never in the project's ``.venv``. Each server instance has a directory with its configuration
+(``im.cfg``), its SQLite database, its log and its pid file:
 
     scripts/im_server.py install [--venv DIR]                        # also installs im_client
     scripts/im_server.py start --dir DIR --port PORT [--venv DIR]   # prints the REST URL
@@ -23,6 +24,7 @@ documents that ask for it; tfcluster always sends ``contextualize ()``.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import signal
 import socket
@@ -40,7 +42,8 @@ from tfcluster.paths import cache_root  # noqa: E402  (the machine's cache: ever
 IM_VERSION = "2.0.0"
 #: the operator's client (the command is im_client since 2.0), installed beside the server
 IM_CLIENT_VERSION = "1.8.4"
-DEFAULT_VENV = cache_root() / "_im" / "venv"
+#: one venv per IM and im_client release (the cache is shared by every checkout on the machine)
+DEFAULT_VENV = cache_root() / "_im" / f"im-{IM_VERSION}-client-{IM_CLIENT_VERSION}" / "venv"
 BASE_PYTHON = "/usr/bin/python3"  # Debian's python with venv (pyenv shims are not on every machine)
 
 # Runs inside IM's venv: apply the instance's im.cfg (last, so it wins over /etc/im/im.cfg), then start
@@ -105,15 +108,19 @@ def install(venv: Path, log=print) -> Path:
     if marker.exists():
         return python
     venv.parent.mkdir(parents=True, exist_ok=True)
-    if not python.exists():
-        subprocess.run([BASE_PYTHON, "-m", "venv", str(venv)], check=True)
-    wanted = [f"im=={IM_VERSION}", f"im-client=={IM_CLIENT_VERSION}"]
-    log(f"installing {' '.join(wanted)} into {venv} (its own venv: IM pins its own Ansible)")
-    res = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *wanted],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"pip install {' '.join(wanted)} failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
-    marker.write_text(IM_VERSION + "\n")
+    with open(venv.parent / ".install.lock", "w") as held:   # another checkout or test worker may be installing
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if marker.exists():
+            return python
+        if not python.exists():
+            subprocess.run([BASE_PYTHON, "-m", "venv", str(venv)], check=True)
+        wanted = [f"im=={IM_VERSION}", f"im-client=={IM_CLIENT_VERSION}"]
+        log(f"installing {' '.join(wanted)} into {venv} (its own venv: IM pins its own Ansible)")
+        res = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *wanted],
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            raise SystemExit(f"pip install {' '.join(wanted)} failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
+        marker.write_text(IM_VERSION + "\n")
     return python
 
 

@@ -25,14 +25,17 @@ def state_root() -> Path:
 
 def cache_root() -> Path:
     """Where what every cluster of this machine shares is kept: the base and node images, the apt cache, the
-    wheelhouse, the job checks' stamps, IM's venv. All of it is keyed by its content, so every checkout of the
-    project on the machine uses the same (a fresh clone bakes no image another one baked).
+    wheelhouse, the job checks' stamps, IM's venv. Each is named by what it was made from (content keys,
+    releases, lock files) and built under a lock, so every checkout of the project on the machine uses the
+    same (a fresh clone bakes no image another one baked).
 
     ``$XDG_CACHE_HOME/tfcluster`` (``~/.cache/tfcluster``) by default; ``TFCLUSTER_CACHE`` moves it.
     """
     if os.environ.get("TFCLUSTER_CACHE"):
         return Path(os.environ["TFCLUSTER_CACHE"]).resolve()
-    return (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tfcluster").resolve()
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or "")
+    base = xdg if xdg.is_absolute() else Path.home() / ".cache"    # a relative one is ignored (XDG's rule)
+    return (base / "tfcluster").resolve()
 
 
 def artifacts_root() -> Path:

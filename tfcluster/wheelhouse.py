@@ -10,6 +10,7 @@ on its way over the bridge is refused.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import gzip
 import hashlib
@@ -98,6 +99,19 @@ def ensure(version: str, packages: list[str] = ("tensorflow-cpu",), log=print) -
     if marker.exists() and marker.read_text().splitlines() == wanted:
         return target
     target.mkdir(parents=True, exist_ok=True)
+    # the cache is the machine's: another checkout (or test worker) may be filling the same wheelhouse; wait
+    # for it, then find it complete
+    with open(target.parent / f".{target.name}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if marker.exists() and marker.read_text().splitlines() == wanted:
+            return target
+        _download(target, locks, log)
+        marker.write_text("\n".join(wanted) + "\n")
+    return target
+
+
+def _download(target: Path, locks: list[Path], log) -> None:
+    """pip download what each lock pins into ``target`` (hash-checked), then check every wheel once more."""
     for lock in locks:
         log(f"downloading the wheels {lock.name} pins into {target} (once; wheels already there are checked)")
         cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:",
@@ -106,8 +120,6 @@ def ensure(version: str, packages: list[str] = ("tensorflow-cpu",), log=print) -
         if res.returncode != 0:
             raise TfclusterError(f"could not download what {lock} pins: {res.stderr.strip()[-1500:]}")
     verify(target, locks)
-    marker.write_text("\n".join(wanted) + "\n")
-    return target
 
 
 @contextmanager

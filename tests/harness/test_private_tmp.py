@@ -3,11 +3,13 @@ never pile up in the machine's /tmp."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
 
+from harness_support import example_settings
 from tfc_harness import runner
 
 
@@ -54,3 +56,32 @@ def test_autograph_writes_into_it_and_a_fast_exit_leaves_nothing_in_tmp(tmp_path
     assert any(p.name.startswith("__autograph_generated_file") for p in task_tmp.iterdir()), \
         list(task_tmp.iterdir())
     assert list(given.iterdir()) == []
+
+
+def test_a_task_prepared_for_its_run_uses_the_tmp_in_its_state_dir(tmp_path):
+    """runner.prepare_process (what every task runs before TensorFlow) gives the process that directory."""
+    state = tmp_path / "state"
+    code = ("import json, sys, tempfile, os\n"
+            "from tfc_harness import runner, settings\n"
+            "s = runner.prepare_process(settings.validate(json.loads(sys.argv[1])))\n"
+            "print(json.dumps([tempfile.gettempdir(), os.environ['TMPDIR'], s.state_dir]))\n")
+    res = subprocess.run([sys.executable, "-c", code, json.dumps(example_settings(state_dir=str(state)))],
+                         env=dict(os.environ, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout) == [str(state / runner.TMP_DIR)] * 2 + [str(state)]
+
+
+def test_what_cannot_be_emptied_does_not_stop_the_task(tmp_path, monkeypatch):
+    """A file where the directory goes, or leftovers the task user cannot remove: the task still starts."""
+    monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)
+    monkeypatch.setenv("TMPDIR", os.environ.get("TMPDIR", "/tmp"))
+    directory = tmp_path / runner.TMP_DIR
+    directory.write_text("not a directory")
+    runner.use_private_tmp(directory)
+    assert directory.is_dir() and tempfile.gettempdir() == str(directory)
+    stuck = directory / "read-only"
+    stuck.mkdir()
+    (stuck / "kept").write_text("x")
+    monkeypatch.setattr(runner.shutil, "rmtree", lambda *a, **k: None)     # as if nothing could be removed
+    runner.use_private_tmp(directory)
+    assert directory.is_dir() and oct(directory.stat().st_mode & 0o777) == "0o700"

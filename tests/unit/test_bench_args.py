@@ -134,3 +134,26 @@ def test_the_report_ends_with_each_figure_beside_its_target(capsys):
     assert "configure 12 nodes / 4 nodes" in out and out.rstrip().endswith("yes")
     assert "bare base image, 4 nodes: first configure 70.0 s (installs everything), second 0.4 s (0.6% of" in out
     assert "the fastest of 3 timings [9.9, 9.6, 9.7] s: 64.00 ms/step" in out
+
+
+def test_a_failed_bare_image_run_keeps_the_other_scale_figures(monkeypatch, capsys):
+    """The bare base image's configure fails (say apt): the 4- and 12-node figures stay in the report, and the
+    bare row says it was not measured."""
+    bench = _bench()
+    done = []
+
+    def configure_twice(cluster, nodes, sets):
+        if "nodes.ps.image=base" in sets:
+            raise SystemExit("bench: phase configure failed:\nE: apt-get failed")
+        done.append(nodes)
+        return [0.3, 0.3], {"up": 1.0, "configure": [0.3, 0.3], "down": 1.0}, False
+
+    monkeypatch.setattr(bench, "configure_twice", configure_twice)
+    scale = bench.bench_scale("tfc-bench", [])
+    assert done == [4, 12] and scale["configure_s"] == {"4": [0.3, 0.3], "12": [0.3, 0.3]}
+    bare = scale["bare"]
+    assert bare["error"].startswith("bench: phase configure failed") and bare["second_configure_pct"] is None
+    report = {"scale": scale}
+    got = {name: (value, met) for name, value, _, met in bench.target_rows(report)}
+    assert got["second configure, % of the first, 4 nodes on the bare base image"] == (None, None)
+    assert got["configure 12 nodes / 4 nodes"] == (1.0, True)

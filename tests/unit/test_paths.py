@@ -71,5 +71,7 @@ def test_the_cache_is_the_machines_whatever_the_state_root(tmp_path, monkeypatch
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache_root() == tmp_path / "home" / ".cache" / "tfcluster"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")            # XDG: a relative path is ignored
+    assert cache_root() == tmp_path / "home" / ".cache" / "tfcluster"
     monkeypatch.setenv("TFCLUSTER_CACHE", str(tmp_path / "elsewhere"))
     assert cache_root() == tmp_path / "elsewhere"

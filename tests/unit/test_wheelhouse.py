@@ -141,3 +141,37 @@ def test_ensure_downloads_each_lock_with_require_hashes_then_verifies(tmp_path, 
         wheelhouse.ensure("2.21.0", ["tensorflow-cpu"], log=lambda *_: None)
     with pytest.raises(TfclusterError, match="no lock file .*tensorflow-cpu-2.20.7.txt"):
         wheelhouse.ensure("2.20.7", ["tensorflow-cpu"], log=lambda *_: None)
+
+
+def test_a_second_ensure_waits_for_the_one_filling_the_shared_wheelhouse(tmp_path, monkeypatch):
+    """The cache is the machine's: while another checkout holds the wheelhouse's lock (filling it), ensure
+    waits, then finds it complete and downloads nothing."""
+    import fcntl
+    import subprocess
+    import threading
+    import time
+
+    from tfcluster import tfsupport
+
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    lock = locks / "tensorflow-cpu-2.21.0.txt"
+    _lock_for(locks, **{"tensorflow_cpu-2.21.0-cp311-none-any.whl": b"tf"}).rename(lock)
+    monkeypatch.setattr(tfsupport, "LOCKS", locks)
+    monkeypatch.setenv("TFCLUSTER_CACHE", str(tmp_path / "cache"))
+    calls = []
+    monkeypatch.setattr(wheelhouse.subprocess, "run",
+                        lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", ""))
+    target = wheelhouse.path_for("2.21.0", ["tensorflow-cpu"])
+    target.mkdir(parents=True)
+    done = []
+    with open(target.parent / f".{target.name}.lock", "w") as other:   # the other checkout, mid-download
+        fcntl.flock(other, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=lambda: done.append(wheelhouse.ensure("2.21.0", ["tensorflow-cpu"],
+                                                                               log=lambda *_: None)))
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive() and calls == [] and done == []         # waiting, not downloading beside it
+        (target / ".complete").write_text(f"{lock.name} {wheelhouse._sha256(lock)}\n")
+    waiter.join(timeout=10)
+    assert done == [target] and calls == []

@@ -42,8 +42,11 @@ def use_private_tmp(directory: Path) -> None:
     """Point the process's temporary files at ``directory``, emptied first. TensorFlow's AutoGraph writes a
     file there for each function it converts and removes them only at an orderly interpreter exit, which a
     task skips (:func:`end_now`, a stopped server): in the machine's /tmp they piled up run after run."""
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(mode=0o700)
+    if directory.is_symlink() or directory.is_file():
+        directory.unlink()
+    shutil.rmtree(directory, ignore_errors=True)    # what it cannot remove stays: it must not stop the task
+    directory.mkdir(mode=0o700, exist_ok=True)
+    directory.chmod(0o700)
     os.environ["TMPDIR"] = str(directory)
     tempfile.tempdir = str(directory)
 
