@@ -20,6 +20,8 @@ from . import settings as settings_mod
 from .status import write_status
 
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+#: the task's temporary directory, in its state_dir
+TMP_DIR = "tmp"
 
 
 def prepare_process(settings: settings_mod.Settings) -> settings_mod.Settings:
@@ -32,10 +34,6 @@ def prepare_process(settings: settings_mod.Settings) -> settings_mod.Settings:
     use_private_tmp(state_dir / TMP_DIR)
     os.environ["TF_CONFIG"] = settings.tf_config_json()
     return settings.model_copy(update={"state_dir": str(state_dir)})
-
-
-#: the task's temporary directory, in its state_dir
-TMP_DIR = "tmp"
 
 
 def use_private_tmp(directory: Path) -> None:
