@@ -42,6 +42,9 @@ S3_ARGS = ["--set", "training.checkpoint_every=200", "--steps", str(S3_STEPS)]
 #: updates are asynchronous: one run in a CI simulation, whose worker was killed, ended on a loss spike in
 #: its last steps (step loss 0.0002 -> 0.0134) and scored 0.8972 (test loss 0.55). A broken model scores ~0.1.
 MIN_ACCURACY = 0.85
+#: how a restarted parameter-server chief's first closure failed once in a CI simulation (see the chief test)
+TF_RECONNECT_ERROR = re.compile(
+    r"^ERROR: chief failed in phase 'training': InternalError: .*\n.*Unable to parse request", re.M)
 
 
 @pytest.fixture(scope="module")
@@ -122,10 +125,15 @@ def test_chief_killed_resumes_from_checkpoint(home, env, cluster):
         kill.wait()
     code, out = train.wait()
     assert code == 0, out[-4000:]
-    resumed, saved = resumed_steps(chief_log(home)), saved_before_restart(chief_log(home))
-    assert resumed == [600] and saved[-1] == 600, (resumed, saved, chief_log(home)[-3000:])
+    log = chief_log(home)
+    resumed, saved = resumed_steps(log), saved_before_restart(log)
+    assert resumed and set(resumed) == {600} and saved[-1] == 600, (resumed, saved, log[-3000:])
+    # The restarted chief's first closure can fail once more inside TensorFlow ("Unable to parse request",
+    # a worker's receive from the chief cancelled: seen once in a CI simulation); the supervisor then restarts
+    # it again, from the same checkpoint. Any other second failure fails the test.
+    assert len(resumed) - 1 == len(TF_RECONNECT_ERROR.findall(log)), log[-6000:]
     assert runs.run_record(home, CLUSTER)["metrics"]["restored_from_step"] == 600
-    assert "restarts 1" in out or re.search(r"restarts 1\b", out), out[-3000:]
+    assert re.search(rf"restarts {len(resumed)}\b", out), out[-3000:]
 
 
 def test_ps_killed_recovers_or_resumes(home, env, cluster):
