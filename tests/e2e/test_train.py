@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import PYTHON, REPO, needs_root
 from tests.integration.helpers import force_down, leftovers, make, ssh
+from tests.reliability.runs import node_log
 
 pytestmark = [pytest.mark.e2e, needs_root()]
 CLUSTER = "tfct-e2e"
@@ -171,10 +172,9 @@ def test_an_example_with_its_data_in_the_store_trains_on_the_same_cluster(home, 
 def harness_lines(home, node: str) -> str:
     """The lines the harness and its supervisor wrote to ``node``'s log in the newest run, TensorFlow's own
     (E0000 ..., gRPC details) left out."""
-    run = json.loads((home / CLUSTER / "run.json").read_text())
-    log = home / CLUSTER / "logs" / run["run_id"] / f"{CLUSTER}-{node}" / "node.log"
     noise = re.compile(r"^([EIW]\d{4} |Additional GRPC|:UNKNOWN:|This could happen|WARNING: All log|To enable)")
-    return "\n".join(line for line in log.read_text().splitlines() if line.strip() and not noise.match(line))
+    lines = node_log(home, CLUSTER, node).splitlines()
+    return "\n".join(line for line in lines if line.strip() and not noise.match(line))
 
 
 def test_a_changed_make_dataset_trains_on_the_new_data(home, artifacts, trained, tmp_path):
