@@ -497,8 +497,10 @@ def _conclude(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, 
             f"'make down' and 'make up' first, then 'make train')")
     run["state"] = RunState.FAILED
     runrecord.write(state, run)
+    error = (final.get("task") or {}).get("error")
     raise TfclusterError(f"training failed: the chief's task ended '{sup.get('state')}' "
-                         f"(exit {sup.get('exit_code')}, restarts {sup.get('restarts', 0)}); logs in {logs}\n"
+                         f"(exit {sup.get('exit_code')}, restarts {sup.get('restarts', 0)})"
+                         + (f": {error}" if error else "") + f"; logs in {logs}\n"
                          + _log_tail(logs / chief.name / "node.log"))
 
 

@@ -48,6 +48,33 @@ def test_train_runs_every_step_checkpoints_at_boundaries_and_reports(tmp_path):
     assert status["loss"] == 0.5 and status["examples_per_sec"] > 0
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_loss_that_is_not_finite_stops_training_before_it_is_saved_or_reported(tmp_path, bad):
+    calls, saved = [], []
+
+    def train_fn(n):
+        calls.append(n)
+        return [0.5] * n if sum(calls) <= 100 else [0.5, bad]
+
+    state = ChiefState(tmp_path, total=300)
+    with pytest.raises(loop.Diverged) as exc:
+        loop.train(train_fn, state, examples_per_step=4, checkpoint_every=100, save=saved.append,
+                   steps_per_call=10)
+    assert saved == [100]                           # the boundary before it, not the step it reached
+    assert str(exc.value) == (f"the training loss became {bad} in steps 101-110: training diverged, so nothing "
+                              "from these steps was saved (the newest checkpoint is step 100's); a lower learning "
+                              "rate, or input values without extremes, usually cure it")
+    assert state.step == 100 and state.loss == 0.5   # what the chief reports as the step reached
+    assert not {"NaN", "Infinity"} & set((tmp_path / "status.json").read_text().split("\""))
+
+
+def test_a_loss_that_is_not_finite_before_any_checkpoint_says_none_was_saved(tmp_path):
+    state = ChiefState(tmp_path, total=300)
+    with pytest.raises(loop.Diverged, match=r"in steps 1-10: .*\(no checkpoint was saved yet\)"):
+        loop.train(lambda n: [float("nan")], state, examples_per_step=4, checkpoint_every=100,
+                   save=lambda step: pytest.fail("saved a diverged step"), steps_per_call=10)
+
+
 def test_examples_per_sec_after_the_first_call():
     took = loop.LoopTime(seconds=5.0, first_call_steps=20, first_call_seconds=2.0)
     assert took.examples_per_sec_after_first_call(320, examples_per_step=64) == 300 * 64 / 3.0

@@ -85,6 +85,15 @@ def test_a_failed_run_fetches_the_logs_before_it_reports(state, monkeypatch):
     assert calls == [{"stop_chief": False}] and runrecord.read(state)["state"] == "failed"   # its task has ended
 
 
+def test_a_failed_run_names_the_chiefs_own_error(state, monkeypatch):
+    monkeypatch.setattr(training, "_stop_serving_and_fetch_logs", lambda *a, **kw: True)
+    final = {"supervisor": {"state": "failed", "exit_code": 1, "restarts": 3},
+             "task": {"phase": "failed", "error": "Diverged: the training loss became nan in steps 101-110"}}
+    with pytest.raises(TfclusterError, match=r"^training failed: the chief's task ended 'failed' \(exit 1, "
+                       r"restarts 3\): Diverged: the training loss became nan in steps 101-110; logs in "):
+        training._conclude(None, state, NODES, {"run_id": "r1", "state": "started"}, final)
+
+
 def test_ctrl_c_during_verification_waits_for_the_finish_and_records_it(state, monkeypatch):
     """The finish's playbook runs in a session of its own (Ctrl-C does not reach it): it is waited for and
     recorded before the interrupt goes on."""

@@ -10,9 +10,11 @@ instead (:meth:`tfc_harness.strategies.Strategy.steps_per_call`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 
+from .errors import HarnessError
 from .preemption import Preempted
 from .status import ChiefState, Progress
 
@@ -36,8 +38,24 @@ class LoopTime:
         return rest_steps * examples_per_step / rest_s if rest_steps > 0 and rest_s > 0 else None
 
 
+class Diverged(HarnessError):
+    """The training loss stopped being a finite number: the weights it came from are not saved."""
+
+
 def log(msg: str) -> None:
     print(msg, flush=True)
+
+
+def check_finite(losses: list[float], first: int, last: int, saved: int) -> None:
+    """Raise :class:`Diverged` when a loss of steps ``first``..``last`` is NaN or infinite, naming the steps
+    and the newest checkpoint (``saved``; 0: none) that a restart resumes from."""
+    bad = next((v for v in losses if not math.isfinite(v)), None)
+    if bad is None:
+        return
+    kept = f"the newest checkpoint is step {saved}'s" if saved else "no checkpoint was saved yet"
+    raise Diverged(f"the training loss became {bad} in steps {first}-{last}: training diverged, so nothing from "
+                   f"these steps was saved ({kept}); a lower learning rate, or input values without extremes, "
+                   "usually cure it")
 
 
 def next_boundary(step: int, checkpoint_every: int, total: int) -> int:
@@ -69,7 +87,8 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
 
     ``steps_per_call`` fixes the chunk size (a synchronous strategy's tasks must all call ``train_fn`` with
     the same sequence of step counts); None adapts it to how long calls take.  ``on_report(step, loss,
-    examples_per_sec)`` is called with each progress line (the TensorBoard summaries).  ``notices``
+    examples_per_sec)`` is called with each progress line (the TensorBoard summaries).  A loss that is NaN or
+    infinite raises :class:`Diverged` before anything of that call is reported or saved.  ``notices``
     (:class:`tfc_harness.preemption.Notices`) is asked after each chunk: on a preemption notice the step
     reached is saved at once and :class:`tfc_harness.preemption.Preempted` raised."""
     step, total = state.step, state.total
@@ -77,17 +96,20 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
     state.report("training")
     chunk = steps_per_call or FIRST_CHUNK
     first_call: tuple[int, float] | None = None
+    saved = step
     while step < total:
         boundary = next_boundary(step, checkpoint_every, total)
         n = max(1, min(chunk, boundary - step))
         started = time.monotonic()
         losses = train_fn(n)
+        check_finite(losses, step + 1, step + n, saved)
         step += n
         chunk = steps_per_call or next_chunk(n, time.monotonic() - started)
         first_call = first_call or (n, progress.elapsed())
         _report(state, progress, step, losses, on_report)
         if step == boundary:
             save(step)
+            saved = step
         if notices is not None and step < total and notices.stop_now():
             if step != boundary:
                 save(step)
