@@ -24,7 +24,6 @@ documents that ask for it; tfcluster always sends ``contextualize ()``.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import signal
 import socket
@@ -37,7 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from tfcluster.paths import cache_root  # noqa: E402  (the machine's cache: every checkout shares IM's venv)
+from tfcluster.paths import cache_root, made_once  # noqa: E402  (the machine's cache: every checkout shares IM's venv)
 
 IM_VERSION = "2.0.0"
 #: the operator's client (the command is im_client since 2.0), installed beside the server
@@ -105,22 +104,22 @@ def install(venv: Path, log=print) -> Path:
     """Create IM's own venv and install the pinned IM and im_client into it (idempotent); return its python."""
     python = venv / "bin" / "python"
     marker = venv / f".im-{IM_VERSION}-client-{IM_CLIENT_VERSION}-installed"
-    if marker.exists():
-        return python
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / ".install.lock", "w") as held:   # another checkout or test worker may be installing
-        fcntl.flock(held, fcntl.LOCK_EX)
-        if marker.exists():
-            return python
-        if not python.exists():
-            subprocess.run([BASE_PYTHON, "-m", "venv", str(venv)], check=True)
-        wanted = [f"im=={IM_VERSION}", f"im-client=={IM_CLIENT_VERSION}"]
-        log(f"installing {' '.join(wanted)} into {venv} (its own venv: IM pins its own Ansible)")
-        res = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *wanted],
-                             capture_output=True, text=True)
-        if res.returncode != 0:
-            raise SystemExit(f"pip install {' '.join(wanted)} failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
-        marker.write_text(IM_VERSION + "\n")
+    # another checkout or test worker may be installing it
+    return made_once(venv.parent / ".install.lock", lambda: python if marker.exists() else None,
+                     lambda: _install(venv, python, marker, log))
+
+
+def _install(venv: Path, python: Path, marker: Path, log) -> Path:
+    """IM's venv created (if need be) and the pinned IM and im_client installed into it; its python."""
+    if not python.exists():
+        subprocess.run([BASE_PYTHON, "-m", "venv", str(venv)], check=True)
+    wanted = [f"im=={IM_VERSION}", f"im-client=={IM_CLIENT_VERSION}"]
+    log(f"installing {' '.join(wanted)} into {venv} (its own venv: IM pins its own Ansible)")
+    res = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *wanted],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"pip install {' '.join(wanted)} failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
+    marker.write_text(IM_VERSION + "\n")
     return python
 
 

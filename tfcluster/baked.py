@@ -26,7 +26,6 @@ image, an older image) the roles run; on an image they only check (changed=0).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -43,7 +42,7 @@ from typing import Protocol
 from . import ansible_run, image, tfsupport, wheelhouse
 from .config import RunSpec
 from .errors import TfclusterError
-from .paths import REPO, ROLES_DIR, ClusterState
+from .paths import REPO, ROLES_DIR, ClusterState, made_once
 from .providers.base import Node
 
 #: the roles an image holds (site.yml applies tf_node after them, per node)
@@ -334,13 +333,5 @@ def ensure_local(spec: RunSpec, log: Callable[[str], None] = print, gpus: int = 
     """The local image matching ``spec`` (its record), baked first if there is none (once: concurrent
     callers wait on a lock and then find it)."""
     inputs = local_inputs(spec, gpus)
-    found = find(inputs.key)
-    if found:
-        return found
-    images_dir().mkdir(parents=True, exist_ok=True)
-    with open(images_dir() / ".bake.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = find(inputs.key)
-        if found:
-            return found
-        return bake(spec, LocalBuilder(spec, inputs, log), log)
+    return made_once(images_dir() / ".bake.lock", lambda: find(inputs.key),
+                     lambda: bake(spec, LocalBuilder(spec, inputs, log), log))

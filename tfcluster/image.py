@@ -10,7 +10,6 @@ changed recipe builds a new image and never alters one in use.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -22,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import TfclusterError
-from .paths import cache_root
+from .paths import cache_root, made_once
 
 #: the login user of the image (Debian's OpenStack and generic cloud images call it "debian")
 IMAGE_USER = "debian"
@@ -103,17 +102,14 @@ def ensure(recipe: Recipe | None = None, log: Callable[[str], None] = print) -> 
     """The image's root file system, built first if it is not there yet (once; concurrent callers wait)."""
     recipe = recipe or default_recipe()
     final = image_dir(recipe)
-    if is_built(recipe):
-        return final / "rootfs"
-    if shutil.which("mmdebstrap") is None:
-        raise TfclusterError("mmdebstrap is not installed, so the local nodes' base image cannot be built: "
-                             "run 'make bootstrap' (or apt-get install mmdebstrap)")
-    images_dir().mkdir(parents=True, exist_ok=True)
-    with open(images_dir() / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if is_built(recipe):
-            return final / "rootfs"
+
+    def build() -> Path:
+        if shutil.which("mmdebstrap") is None:
+            raise TfclusterError("mmdebstrap is not installed, so the local nodes' base image cannot be built: "
+                                 "run 'make bootstrap' (or apt-get install mmdebstrap)")
         return _build(recipe, final, log)
+
+    return made_once(images_dir() / ".lock", lambda: final / "rootfs" if is_built(recipe) else None, build)
 
 
 def _build(recipe: Recipe, final: Path, log: Callable[[str], None]) -> Path:

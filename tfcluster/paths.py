@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from .errors import TfclusterError
 
@@ -36,6 +39,24 @@ def cache_root() -> Path:
     xdg = Path(os.environ.get("XDG_CACHE_HOME") or "")
     base = xdg if xdg.is_absolute() else Path.home() / ".cache"    # a relative one is ignored (XDG's rule)
     return (base / "tfcluster").resolve()
+
+
+T = TypeVar("T")
+
+
+def made_once(lock: Path, found: Callable[[], T | None], make: Callable[[], T]) -> T:
+    """What ``found()`` returns, else ``make()``'s result, made by one process at a time: a cache entry of the
+    machine that another checkout or test worker may be making at the same moment. ``make`` runs holding an
+    exclusive lock on the file ``lock``, and only if ``found()`` still returns None once the lock is held
+    (whoever held it before may have made it)."""
+    done = found()
+    if done is not None:
+        return done
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = found()
+        return done if done is not None else make()
 
 
 def artifacts_root() -> Path:

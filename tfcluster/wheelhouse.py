@@ -10,7 +10,6 @@ on its way over the bridge is refused.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import gzip
 import hashlib
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from . import tfsupport
 from .errors import TfclusterError
-from .paths import cache_root
+from .paths import cache_root, made_once
 
 
 def packages_for(gpus: list[int]) -> list[str]:
@@ -96,18 +95,17 @@ def ensure(version: str, packages: list[str] = ("tensorflow-cpu",), log=print) -
             raise TfclusterError(f"no lock file {lock} for TensorFlow {version}: `make lock` writes it "
                                  "(scripts/lock.py --release)")
     wanted = [f"{lock.name} {_sha256(lock)}" for lock in locks]
-    if marker.exists() and marker.read_text().splitlines() == wanted:
-        return target
-    target.mkdir(parents=True, exist_ok=True)
-    # the cache is the machine's: another checkout (or test worker) may be filling the same wheelhouse; wait
-    # for it, then find it complete
-    with open(target.parent / f".{target.name}.lock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        if marker.exists() and marker.read_text().splitlines() == wanted:
-            return target
+
+    def download() -> Path:
+        target.mkdir(parents=True, exist_ok=True)
         _download(target, locks, log)
         marker.write_text("\n".join(wanted) + "\n")
-    return target
+        return target
+
+    def complete() -> bool:
+        return marker.exists() and marker.read_text().splitlines() == wanted
+
+    return made_once(target.parent / f".{target.name}.lock", lambda: target if complete() else None, download)
 
 
 def _download(target: Path, locks: list[Path], log) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 
 import pytest
 
 from tfcluster.errors import TfclusterError
-from tfcluster.paths import ClusterState
+from tfcluster.paths import ClusterState, made_once
 
 
 @pytest.fixture
@@ -75,3 +77,34 @@ def test_the_cache_is_the_machines_whatever_the_state_root(tmp_path, monkeypatch
     assert cache_root() == tmp_path / "home" / ".cache" / "tfcluster"
     monkeypatch.setenv("TFCLUSTER_CACHE", str(tmp_path / "elsewhere"))
     assert cache_root() == tmp_path / "elsewhere"
+
+
+def test_made_once_makes_a_missing_entry_once_however_many_ask_at_the_same_time(tmp_path):
+    entry, made = tmp_path / "entry", []
+
+    def make():
+        made.append(1)
+        time.sleep(0.2)             # long enough for the others to be waiting on the lock
+        entry.write_text("built")
+        return entry
+
+    def ask():
+        results.append(made_once(tmp_path / "cache" / ".lock", lambda: entry if entry.exists() else None, make))
+
+    results: list = []
+    askers = [threading.Thread(target=ask) for _ in range(4)]
+    for t in askers:
+        t.start()
+    for t in askers:
+        t.join()
+    assert made == [1] and results == [entry] * 4
+    assert made_once(tmp_path / "cache" / ".lock", lambda: entry, lambda: pytest.fail("made again")) == entry
+
+
+def test_made_once_lets_a_failed_make_be_tried_again(tmp_path):
+    def fail():
+        raise TfclusterError("download failed")
+
+    with pytest.raises(TfclusterError, match="download failed"):
+        made_once(tmp_path / ".lock", lambda: None, fail)
+    assert made_once(tmp_path / ".lock", lambda: None, lambda: "made") == "made"
