@@ -497,11 +497,16 @@ def _conclude(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, 
             f"'make down' and 'make up' first, then 'make train')")
     run["state"] = RunState.FAILED
     runrecord.write(state, run)
-    error = (final.get("task") or {}).get("error")
     raise TfclusterError(f"training failed: the chief's task ended '{sup.get('state')}' "
                          f"(exit {sup.get('exit_code')}, restarts {sup.get('restarts', 0)})"
-                         + (f": {error}" if error else "") + f"; logs in {logs}\n"
+                         f"{_first_line((final.get('task') or {}).get('error'))}; logs in {logs}\n"
                          + _log_tail(logs / chief.name / "node.log"))
+
+
+def _first_line(error: str | None, limit: int = 400) -> str:
+    """``: <the first line of the chief's error>`` (TensorFlow's run to many lines; the log tail follows), or ''."""
+    line = (error or "").strip().split("\n", 1)[0]
+    return f": {line[:limit]}{'…' if len(line) > limit else ''}" if line else ""
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:

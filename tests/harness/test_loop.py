@@ -75,6 +75,37 @@ def test_a_loss_that_is_not_finite_before_any_checkpoint_says_none_was_saved(tmp
                    save=lambda step: pytest.fail("saved a diverged step"), steps_per_call=10)
 
 
+def test_weights_that_are_not_finite_are_not_saved_though_every_loss_was(tmp_path):
+    """A step's loss comes before its update: the last update of a call can break the weights unseen."""
+    saved, done = [], [0]
+
+    def train_fn(n):
+        done[0] += n
+        return [0.5] * n
+
+    state = ChiefState(tmp_path, total=300)
+    with pytest.raises(loop.Diverged) as exc:       # an update in steps 141-150 made them NaN
+        loop.train(train_fn, state, examples_per_step=4, checkpoint_every=100, save=saved.append,
+                   steps_per_call=10, finite=lambda: done[0] < 150)
+    assert saved == [100]
+    assert str(exc.value).startswith("the model's weights or the optimizer's state became NaN or infinite in "
+                                     "steps 101-200: training diverged, so nothing from these steps was saved "
+                                     "(the newest checkpoint is step 100's)")
+
+
+def test_a_preemption_save_is_refused_too_when_the_weights_are_not_finite(tmp_path):
+    class Notice:
+        who = "worker 0"
+
+        def stop_now(self):
+            return True
+
+    with pytest.raises(loop.Diverged, match=r"in steps 1-10: .*\(no checkpoint was saved yet\)"):
+        loop.train(lambda n: [0.5] * n, ChiefState(tmp_path, total=300), examples_per_step=4,
+                   checkpoint_every=100, save=lambda step: pytest.fail("saved NaN weights"), steps_per_call=10,
+                   notices=Notice(), finite=lambda: False)
+
+
 def test_examples_per_sec_after_the_first_call():
     took = loop.LoopTime(seconds=5.0, first_call_steps=20, first_call_seconds=2.0)
     assert took.examples_per_sec_after_first_call(320, examples_per_step=64) == 300 * 64 / 3.0

@@ -94,6 +94,19 @@ def test_a_failed_run_names_the_chiefs_own_error(state, monkeypatch):
         training._conclude(None, state, NODES, {"run_id": "r1", "state": "started"}, final)
 
 
+def test_a_long_error_of_the_chief_is_cut_to_its_first_line(state, monkeypatch):
+    monkeypatch.setattr(training, "_stop_serving_and_fetch_logs", lambda *a, **kw: True)
+    final = {"supervisor": {"state": "failed", "exit_code": 1},
+             "task": {"error": "InternalError: " + "x" * 500 + "\n\tAdditional GRPC error information: ..."}}
+    with pytest.raises(TfclusterError) as exc:
+        training._conclude(None, state, NODES, {"run_id": "r1", "state": "started"}, final)
+    first = str(exc.value).split("\n", 1)[0]
+    assert first.startswith("training failed: the chief's task ended 'failed' (exit 1, restarts 0): ")
+    cut, rest = first.removeprefix("training failed: the chief's task ended 'failed' (exit 1, restarts 0): ") \
+        .split("…; logs in ", 1)
+    assert cut == ("InternalError: " + "x" * 500)[:400] and rest
+
+
 def test_ctrl_c_during_verification_waits_for_the_finish_and_records_it(state, monkeypatch):
     """The finish's playbook runs in a session of its own (Ctrl-C does not reach it): it is waited for and
     recorded before the interrupt goes on."""

@@ -40,7 +40,7 @@ from .peers import PeerMonitor
 from .saver import Saver
 from .settings import Settings
 from .status import ChiefState
-from .steps import make_replica_step
+from .steps import all_finite, make_replica_step
 from .strategies import Strategy
 from .summaries import NoSummaries, Summaries, learning_rate_of
 
@@ -88,7 +88,8 @@ def run(settings: Settings, strategy: Strategy) -> int:
     except Exception as exc:
         phase, msg = state.phase, f"{type(exc).__name__}: {exc}"
         state.report("failed", error=msg)
-        print(f"ERROR: chief failed in phase {phase!r}: {msg}", file=sys.stderr, flush=True)
+        who = "chief" if settings.role == "chief" else f"{settings.role} {settings.index}"   # (every mirrored task)
+        print(f"ERROR: {who} failed in phase {phase!r}: {msg}", file=sys.stderr, flush=True)
         summaries.upload(tries=FAILURE_UPLOAD_TRIES)   # best effort, after the error is out
         return 1
     finally:
@@ -153,7 +154,7 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
         loop_time = loop.train(train_fn, state, examples_per_step=strategy.examples_per_step(),
                                    checkpoint_every=settings.checkpoint_every, save=save,
                                    steps_per_call=strategy.steps_per_call(), on_report=job.summaries.training,
-                                   notices=notices)
+                                   notices=notices, finite=lambda: all_finite(model.weights + optimizer.variables))
     return Trained(model, restored, loop_time, monitor)
 
 

@@ -46,16 +46,19 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def check_finite(losses: list[float], first: int, last: int, saved: int) -> None:
-    """Raise :class:`Diverged` when a loss of steps ``first``..``last`` is NaN or infinite, naming the steps
-    and the newest checkpoint (``saved``; 0: none) that a restart resumes from."""
-    bad = next((v for v in losses if not math.isfinite(v)), None)
-    if bad is None:
-        return
+def diverged(what: str, first: int, last: int, saved: int) -> Diverged:
+    """The error for ``what`` (e.g. ``the training loss became nan``) in steps ``first``..``last``, naming the
+    newest checkpoint (``saved``; 0: none), which is what a restart resumes from."""
     kept = f"the newest checkpoint is step {saved}'s" if saved else "no checkpoint was saved yet"
-    raise Diverged(f"the training loss became {bad} in steps {first}-{last}: training diverged, so nothing from "
-                   f"these steps was saved ({kept}); a lower learning rate, or input values without extremes, "
-                   "usually cure it")
+    return Diverged(f"{what} in steps {first}-{last}: training diverged, so nothing from these steps was saved "
+                    f"({kept}); a lower learning rate, or input values without extremes, usually cure it")
+
+
+def check_finite(losses: list[float], first: int, last: int, saved: int) -> None:
+    """Raise :func:`diverged` when a loss of steps ``first``..``last`` is NaN or infinite."""
+    bad = next((v for v in losses if not math.isfinite(v)), None)
+    if bad is not None:
+        raise diverged(f"the training loss became {bad}", first, last, saved)
 
 
 def next_boundary(step: int, checkpoint_every: int, total: int) -> int:
@@ -82,13 +85,16 @@ def _report(state: ChiefState, progress: Progress, step: int, losses: list[float
 
 def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples_per_step: int,
           checkpoint_every: int, save: Callable[[int], None], steps_per_call: int | None = None,
-          on_report: Callable[[int, float, float], None] | None = None, notices=None) -> LoopTime:
+          on_report: Callable[[int, float, float], None] | None = None, notices=None,
+          finite: Callable[[], bool] = lambda: True) -> LoopTime:
     """Run ``train_fn`` from ``state.step`` to ``state.total``; returns how long it took (:class:`LoopTime`).
 
     ``steps_per_call`` fixes the chunk size (a synchronous strategy's tasks must all call ``train_fn`` with
     the same sequence of step counts); None adapts it to how long calls take.  ``on_report(step, loss,
     examples_per_sec)`` is called with each progress line (the TensorBoard summaries).  A loss that is NaN or
-    infinite raises :class:`Diverged` before anything of that call is reported or saved.  ``notices``
+    infinite raises :class:`Diverged` before anything of that call is reported or saved, and so does
+    ``finite()`` returning False before a save (a step's loss comes before its update, so the weights are
+    asked too: :func:`tfc_harness.steps.all_finite`).  ``notices``
     (:class:`tfc_harness.preemption.Notices`) is asked after each chunk: on a preemption notice the step
     reached is saved at once and :class:`tfc_harness.preemption.Preempted` raised."""
     step, total = state.step, state.total
@@ -97,6 +103,13 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
     chunk = steps_per_call or FIRST_CHUNK
     first_call: tuple[int, float] | None = None
     saved = step
+
+    def save_finite(at: int) -> None:
+        if not finite():
+            raise diverged("the model's weights or the optimizer's state became NaN or infinite", saved + 1, at,
+                           saved)
+        save(at)
+
     while step < total:
         boundary = next_boundary(step, checkpoint_every, total)
         n = max(1, min(chunk, boundary - step))
@@ -108,10 +121,10 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
         first_call = first_call or (n, progress.elapsed())
         _report(state, progress, step, losses, on_report)
         if step == boundary:
-            save(step)
+            save_finite(step)
             saved = step
         if notices is not None and step < total and notices.stop_now():
             if step != boundary:
-                save(step)
+                save_finite(step)
             raise Preempted(step, notices.who)
     return LoopTime(progress.elapsed(), *(first_call or (0, 0.0)))

@@ -30,6 +30,15 @@ def make_replica_step(model, optimizer, loss):
     return replica_step
 
 
+def all_finite(variables) -> bool:
+    """Whether every floating-point value of ``variables`` (the model's weights, the optimizer's state) is
+    finite.  Each check runs where its variable lives (a parameter server's variable is not copied, only
+    the answer)."""
+    import tensorflow as tf
+
+    return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables if tf.as_dtype(v.dtype).is_floating)
+
+
 def run_steps(strategy, replica_step, iterator, n):
     """Inside a ``tf.function``: ``n`` steps of ``replica_step`` under ``strategy``, each on the next batch of
     ``iterator``; returns the last step's loss, the mean over the replicas (float32).
