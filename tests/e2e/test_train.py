@@ -231,7 +231,10 @@ def test_failed_training_fetches_logs_and_down_guard(home, artifacts, trained, t
     res = tfcluster(home, artifacts, "train", "--set", f"training.model={broken}",
                     "--set", "max_runtime_minutes=5", "--set", "training.max_restarts=1", timeout=900)
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr
-    assert "training failed" in res.stderr and "restarts 1)" in res.stderr, res.stderr[-3000:]
+    # the chief's own error on the failure's first line
+    assert ("training failed: the chief's task ended 'failed' (exit 1, restarts 1): ModelModuleError: model module "
+            "broken_model.py: make_optimizer() raised RuntimeError: injected model failure; logs in ") in res.stderr, \
+        res.stderr[-3000:]
     run = json.loads((home / CLUSTER / "run.json").read_text())
     assert run["state"] == "failed"
     chief_log = home / CLUSTER / "logs" / run["run_id"] / f"{CLUSTER}-chief-0" / "node.log"
