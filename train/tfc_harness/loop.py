@@ -39,7 +39,8 @@ class LoopTime:
 
 
 class Diverged(HarnessError):
-    """The training loss stopped being a finite number: the weights it came from are not saved."""
+    """Training stopped being finite (a loss, the weights or the optimizer's state): what it produced is not
+    saved."""
 
 
 def log(msg: str) -> None:

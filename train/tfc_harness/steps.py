@@ -32,8 +32,8 @@ def make_replica_step(model, optimizer, loss):
 
 def all_finite(variables) -> bool:
     """Whether every floating-point value of ``variables`` (the model's weights, the optimizer's state) is
-    finite.  Each check runs where its variable lives (a parameter server's variable is not copied, only
-    the answer)."""
+    finite.  Eager, one variable at a time: under ``parameter_server`` each is read from its ps, as the
+    checkpoint that follows reads it again."""
     import tensorflow as tf
 
     return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables if tf.as_dtype(v.dtype).is_floating)
