@@ -49,7 +49,8 @@ from .providers.base import Node
 IMAGE_ROLES = ("common", "gpu_driver", "tensorflow")
 #: and the files of tf_node's standing part that it holds too (the task user, its directories, the supervisor:
 #: the same on every node and in every run), relative to roles/
-IMAGE_ROLE_PARTS = ("tf_node/tasks/host.yml", "tf_node/files/tfc-supervise", "tf_node/defaults/main.yml")
+IMAGE_ROLE_PARTS = ("tf_node/tasks/host.yml", "tf_node/files/tfc-supervise", "tf_node/files/tfc-warm",
+                    "tf_node/defaults/main.yml")
 PLAYBOOK = "image.yml"
 #: nodes.<role>.image on local: the bare base image (configure installs everything, as on a fresh cloud VM)
 BASE = "base"

@@ -438,6 +438,7 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
                                                    "tf_node_max_restarts": spec.training.max_restarts,
                                                    "tf_node_vm_halt_minutes": provider.vm_halt_minutes(spec),
                                                    "tf_node_threads": provider.task_threads(spec),
+                                                   "tf_node_warm_start": provider.warm_start(spec),
                                                    **preemption_vars(provider)})
     chief = next(n for n in nodes if n.role == "chief")
     try:

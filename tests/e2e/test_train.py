@@ -113,6 +113,10 @@ def test_tasks_ran_as_an_unprivileged_user_behind_the_node_firewall(home, artifa
         rule = next(line for line in lines if "accept" in line and "2222" in line)
         assert sorted(re.findall(r"\d+\.\d+\.\d+\.\d+", rule)) == members, rule
         assert any("2222 reject with tcp reset" in line for line in lines), lines
+        # the warm interpreter each task was forked from is the same user's, in a directory of its own
+        warm = ssh(home, CLUSTER, n["private_ip"], "stat -c '%U %a' /var/lib/tfcluster/warm && ps -o user= -p "
+                   "$(python3 -c \"import json; print(json.load(open('/var/lib/tfcluster/warm/warm.json'))['pid'])\")")
+        assert warm.stdout.split() == ["tfcluster", "700", "tfcluster"], (n["name"], warm.stdout, warm.stderr)
     probe = (f"import socket\ntry:\n    socket.create_connection(('{members[0]}', 2222), timeout=5)\n"
              "    print('open')\nexcept OSError as e:\n    print(type(e).__name__)")
     res = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=30)
@@ -207,6 +211,11 @@ def test_a_changed_make_dataset_trains_on_the_new_data(home, artifacts, trained,
         assert f"{3 * rows} training and {rows} test examples" in res.stdout
         runs.append(json.loads((home / CLUSTER / "run.json").read_text()))
         assert runs[-1]["metrics"]["test_examples"] == rows and runs[-1]["verified_metrics"]["n"] == rows
+    # these later runs' tasks were forked by each node's warm interpreter, which the module's first run
+    # started: none of them imported TensorFlow again
+    for node in ("ps-0", "worker-0", "worker-1", "chief-0"):
+        log = node_log(home, CLUSTER, node)
+        assert "forked from the warm interpreter" in log and "warm interpreter: starting" not in log, log[-2000:]
     first, second = runs
     assert first["run_id"] != second["run_id"]
     assert first["data"]["sha256"] != second["data"]["sha256"]

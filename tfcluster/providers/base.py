@@ -206,6 +206,12 @@ class Provider(ABC):
         the controller passes this to tf_node's start tasks (``tf_node_threads``)."""
         return {}
 
+    def warm_start(self, spec: RunSpec) -> bool:
+        """Whether each node starts its tasks as forks of a warm interpreter (``tf_node_warm_start``: TensorFlow
+        imported once per node and kept between runs, ~200 MB of the node's memory). A VM's memory is its own,
+        so by default they do."""
+        return True
+
     #: whose preemption notice the nodes' supervisors watch in the instance metadata: "aws", "gcp" or ""
     preemption_notice = ""
 

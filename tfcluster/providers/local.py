@@ -200,6 +200,11 @@ class LocalProvider(TerraformProvider):
         n = int(asked)
         return {"intra_op": n, "inter_op": max(MIN_INTER_OP, n)} if n else {}
 
+    def warm_start(self, spec: RunSpec) -> bool:
+        """Not on nodes with a memory limit (node_memory_mb): it stands for the memory a task may use, which a
+        standing interpreter would take ~200 MB of."""
+        return not self.options_for(spec).node_memory_mb
+
     def up(self, spec: RunSpec, public_key: str) -> list[Node]:
         from ..cluster import say
 

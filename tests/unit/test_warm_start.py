@@ -1,0 +1,195 @@
+"""The supervisor's warm start (tfc-supervise --warm, tfc-warm): a Python task forked by a warm interpreter
+that stays up between runs, and what happens when it cannot be used or goes away.
+
+The interpreter here is this test's own Python, preloading only ``json`` (TFC_WARM_PRELOAD): what is tested is
+the fork and its bookkeeping; every cluster run of the e2e tests forks its tasks from the real one (TensorFlow
+preloaded), and tests/e2e/test_train.py checks a later run's tasks came from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+SUPERVISE = REPO / "roles" / "tf_node" / "files" / "tfc-supervise"
+
+#: a task that reports what it was given, then ends with the code in its first argument (or waits for SIGINT)
+TASK = r"""
+import json, os, sys, time
+print("task", json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "secret": os.environ.get("SECRET_FOR_TASK"),
+      "pid": os.getpid(), "ppid": os.getppid(), "session": os.getsid(0) == os.getpid(),
+      "json_preloaded": "json" in sys.modules}), flush=True)
+if sys.argv[1] == "wait":
+    try:
+        while True:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        print("task got SIGINT", flush=True)
+        sys.exit(0)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def setup(tmp_path):
+    script = tmp_path / "task.py"
+    script.write_text(TASK)
+    secrets = tmp_path / "task.env"
+    secrets.write_text("SECRET_FOR_TASK=s3cr3t\n")
+    warm = tmp_path / "warm"
+    env = dict(os.environ, TFC_WARM_PRELOAD="json")
+    yield tmp_path, script, secrets, warm, env
+    record = warm / "warm.json"
+    if record.exists():    # the warm interpreter stays up between runs: this test's must not outlive it
+        try:
+            os.kill(json.loads(record.read_text())["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def sup(env, *args, timeout=30):
+    return subprocess.run([str(SUPERVISE), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def wait_state(env, d: Path, states, timeout=60.0) -> dict:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        st = json.loads(sup(env, "status", "--dir", str(d)).stdout)["supervisor"]
+        if st.get("state") in states:
+            return st
+        time.sleep(0.05)
+    raise AssertionError(f"never {states}: {st}\n{(d / 'node.log').read_text()}")
+
+
+def start(env, d: Path, warm: Path, *command, secrets: Path | None = None, restarts: int = 0):
+    res = sup(env, "start", "--fresh", "--dir", str(d), "--warm", str(warm), "--max-restarts", str(restarts),
+              *(["--env-file", str(secrets)] if secrets else []), "--", *command)
+    assert res.stdout.startswith("started"), res.stdout + res.stderr
+
+
+def reports(d: Path) -> list[dict]:
+    return [json.loads(line[5:]) for line in (d / "node.log").read_text().splitlines() if line.startswith("task {")]
+
+
+def gone(pid: int, timeout: float = 10.0) -> bool:
+    """The process ended (a zombie that its parent has not reaped yet counts as ended)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def warm_pid(warm: Path) -> int:
+    return json.loads((warm / "warm.json").read_text())["pid"]
+
+
+def test_a_task_is_forked_by_the_warm_interpreter_which_serves_restarts_and_the_next_run(setup):
+    tmp_path, script, secrets, warm, env = setup
+    d = tmp_path / "task"
+    start(env, d, warm, sys.executable, str(script), "3", secrets=secrets, restarts=1)
+    st = wait_state(env, d, ("failed",))
+    assert (st["exit_code"], st["restarts"]) == (3, 1)          # the task's exit code, through the interpreter
+    server = warm_pid(warm)
+    log = (d / "node.log").read_text()
+    assert log.count("warm interpreter: starting") == 1 and "warm interpreter: ready in" in log, log
+    assert log.count(f"forked from the warm interpreter, pid {server}") == 2, log   # the restart too
+    first, again = reports(d)
+    for seen in (first, again):
+        assert seen["argv"] == [str(script), "3"] and seen["cwd"] == str(d) and seen["secret"] == "s3cr3t"
+        assert seen["ppid"] == server and seen["session"] and seen["json_preloaded"], seen
+    assert first["pid"] != again["pid"]
+    # the credentials reach each task, never the interpreter that stays up between runs
+    assert b"s3cr3t" not in Path(f"/proc/{server}/environ").read_bytes() + (warm / "warm.log").read_bytes()
+    assert oct(warm.stat().st_mode & 0o777) == "0o700"
+
+    start(env, d, warm, sys.executable, str(script), "0")       # the next run: the same interpreter, no wait
+    assert wait_state(env, d, ("succeeded",))["exit_code"] == 0
+    log = (d / "node.log").read_text()
+    assert "warm interpreter: starting" not in log and f"forked from the warm interpreter, pid {server}" in log, log
+
+
+def test_stop_reaches_a_forked_task(setup):
+    tmp_path, script, _, warm, env = setup
+    d = tmp_path / "task"
+    start(env, d, warm, sys.executable, str(script), "wait")
+    wait_state(env, d, ("running",))
+    end = time.monotonic() + 30
+    while not reports(d) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert sup(env, "stop", "--dir", str(d)).stdout.startswith("stopped")
+    assert wait_state(env, d, ("stopped",))["exit_code"] == 0
+    assert "task got SIGINT" in (d / "node.log").read_text()
+
+
+def test_a_lost_warm_interpreter_ends_its_task_which_restarts_from_a_new_one(setup):
+    tmp_path, script, _, warm, env = setup
+    d = tmp_path / "task"
+    start(env, d, warm, sys.executable, str(script), "wait", restarts=1)
+    first = wait_state(env, d, ("running",))
+    old = warm_pid(warm)
+    os.kill(old, signal.SIGKILL)
+    st = wait_state(env, d, ("running",), timeout=60)
+    end = time.monotonic() + 30
+    while st.get("child_pid") in (None, first["child_pid"]) and time.monotonic() < end:
+        st = wait_state(env, d, ("running",))
+        time.sleep(0.05)
+    assert gone(first["child_pid"])                              # it died with its interpreter
+    log = (d / "node.log").read_text()
+    assert "task exited -9; restarting" in log and warm_pid(warm) != old, log
+    assert f"forked from the warm interpreter, pid {warm_pid(warm)}" in log, log
+    sup(env, "stop", "--dir", str(d))
+
+
+def test_a_changed_import_environment_gets_a_new_warm_interpreter(setup):
+    tmp_path, script, _, warm, env = setup
+    d = tmp_path / "task"
+    start(env, d, warm, sys.executable, str(script), "0")
+    wait_state(env, d, ("succeeded",))
+    old = warm_pid(warm)
+    env = dict(env, TF_ENABLE_ONEDNN_OPTS="0")      # read when TensorFlow loads: the old imports do not fit
+    start(env, d, warm, sys.executable, str(script), "0")
+    wait_state(env, d, ("succeeded",))
+    assert warm_pid(warm) != old and "warm interpreter: starting" in (d / "node.log").read_text()
+    assert gone(old)                                             # the stale one is stopped
+
+
+def test_a_command_that_is_not_python_or_an_env_file_read_at_import_starts_the_plain_way(setup):
+    tmp_path, script, secrets, warm, env = setup
+    d = tmp_path / "shell"
+    start(env, d, warm, "/bin/sh", "-c", "echo plain; exit 0")
+    assert wait_state(env, d, ("succeeded",))["exit_code"] == 0
+    log = (d / "node.log").read_text()
+    assert "warm interpreter not used: /bin/sh is not a Python interpreter" in log and "plain" in log, log
+    secrets.write_text("SECRET_FOR_TASK=s3cr3t\nTF_CPP_MIN_LOG_LEVEL=0\n")
+    d = tmp_path / "import-env"
+    start(env, d, warm, sys.executable, str(script), "0", secrets=secrets)
+    assert wait_state(env, d, ("succeeded",))["exit_code"] == 0
+    log = (d / "node.log").read_text()
+    assert f"{secrets} sets TF_CPP_MIN_LOG_LEVEL, read at import" in log and "forked" not in log, log
+    assert reports(d)[0]["secret"] == "s3cr3t" and not warm.exists()
+
+
+def test_an_interpreter_that_cannot_load_leaves_the_task_to_start_the_plain_way(setup):
+    tmp_path, script, _, warm, env = setup
+    d = tmp_path / "task"
+    bad = tmp_path / "python-broken"        # named like an interpreter, exits at once
+    bad.write_text(f"#!/bin/sh\ncase \"$1\" in */tfc-warm) exit 7;; esac\nexec {sys.executable} \"$@\"\n")
+    bad.chmod(0o755)
+    start(env, d, warm, str(bad), str(script), "0")
+    assert wait_state(env, d, ("succeeded",))["exit_code"] == 0
+    log = (d / "node.log").read_text()
+    assert "warm interpreter not used: it exited 7 while loading" in log and reports(d), log
