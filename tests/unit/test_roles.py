@@ -177,3 +177,18 @@ def test_supervisor_refuses_an_unknown_user(tmp_path):
     _sup("start", "--dir", str(d), "--user", "no-such-user-tfc", "--", "true")
     st = _wait_state(d, ("failed",))
     assert st["exit_code"] == 127 and "no user 'no-such-user-tfc'" in (d / "node.log").read_text()
+
+
+def test_the_supervisor_never_writes_through_a_link_the_task_put_in_its_directory(tmp_path):
+    """The task's directory is the task user's and the supervisor is root: a link in place of the log or of
+    the state file's temporary file must not make it write into the file the link points at."""
+    target = tmp_path / "precious"
+    target.write_text("keep\n")
+    d = tmp_path / "task"
+    d.mkdir()
+    (d / "supervisor.json.tmp").symlink_to(target)
+    (d / "node.log").symlink_to(target)
+    _sup("start", "--dir", str(d), "--", "/bin/echo", "hello")
+    st = _wait_state(d, ("failed",))        # the task's output has nowhere safe to go: it is not started
+    assert st["exit_code"] == 127 and target.read_text() == "keep\n"
+    assert not (d / "supervisor.json").is_symlink() and (d / "node.log").is_symlink()
