@@ -193,3 +193,39 @@ def test_an_interpreter_that_cannot_load_leaves_the_task_to_start_the_plain_way(
     assert wait_state(env, d, ("succeeded",))["exit_code"] == 0
     log = (d / "node.log").read_text()
     assert "warm interpreter not used: it exited 7 while loading" in log and reports(d), log
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running the warm interpreter as another user needs root")
+def test_a_record_naming_another_users_process_does_not_make_root_kill_it():
+    """warm.json is the task user's to write: a stale record naming a process that is not that user's warm
+    interpreter (here a root process whose command line looks like one) is not killed; a new interpreter,
+    the task user's, starts instead."""
+    import pwd
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="tfct-warm-"))   # not under pytest's root-only directory
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "tfc-warm", "serve"])
+    try:
+        top.chmod(0o755)
+        script = top / "task.py"
+        script.write_text(TASK)
+        d, warm = top / "task", top / "warm"
+        d.mkdir()
+        warm.mkdir()
+        nobody = pwd.getpwnam("nobody").pw_uid
+        os.chown(d, nobody, -1)
+        (warm / "warm.json").write_text(json.dumps({"pid": decoy.pid, "key": "stale", "ready": True}))
+        env = dict(os.environ, TFC_WARM_PRELOAD="json")
+        res = sup(env, "start", "--dir", str(d), "--warm", str(warm), "--user", "nobody", "--max-restarts", "0",
+                  "--", sys.executable, str(script), "0")
+        assert res.stdout.startswith("started"), res.stdout + res.stderr
+        assert wait_state(env, d, ("succeeded",))["exit_code"] == 0
+        assert decoy.poll() is None, "root's process was killed on the record's word"
+        server = warm_pid(warm)
+        assert server != decoy.pid and Path(f"/proc/{server}").stat().st_uid == nobody
+        os.kill(server, signal.SIGKILL)
+    finally:
+        decoy.kill()
+        decoy.wait()
+        shutil.rmtree(top, ignore_errors=True)
