@@ -229,3 +229,51 @@ def test_a_record_naming_another_users_process_does_not_make_root_kill_it():
         decoy.kill()
         decoy.wait()
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_sigterm_to_the_warm_interpreter_leaves_its_task_running(setup):
+    """A VM shutting down sends SIGTERM to every process: the warm interpreter stays, so its tasks (which die
+    with it) get to save their step on their own SIGTERM."""
+    tmp_path, script, _, warm, env = setup
+    d = tmp_path / "task"
+    start(env, d, warm, sys.executable, str(script), "wait")
+    st = wait_state(env, d, ("running",))
+    os.kill(warm_pid(warm), signal.SIGTERM)
+    time.sleep(1)
+    assert not gone(warm_pid(warm), timeout=0) and not gone(st["child_pid"], timeout=0)
+    assert sup(env, "stop", "--dir", str(d)).stdout.startswith("stopped")
+    assert wait_state(env, d, ("stopped",))["exit_code"] == 0
+
+
+def test_an_end_that_comes_in_the_same_read_as_the_pid_is_taken(tmp_path):
+    """A task that ends at once: its pid and its end can reach the supervisor in one read."""
+    import importlib.machinery
+    import importlib.util
+    import socket
+    import threading
+
+    loader = importlib.machinery.SourceFileLoader("tfc_supervise", str(SUPERVISE))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(warm / "warm.sock"))
+    listener.listen(1)
+
+    def answer():
+        conn, _ = listener.accept()
+        _, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(b'{"pid": 4242}\n{"exit": 3}\n')
+        conn.close()
+
+    server = threading.Thread(target=answer)
+    server.start()
+    interpreter = module.WarmInterpreter(str(warm), sys.executable, {}, {}, lambda msg: None)
+    with open(tmp_path / "out.log", "ab") as out:
+        child = interpreter.start([sys.executable, "task.py"], {}, str(tmp_path), out)
+    server.join(10)
+    listener.close()
+    assert (child.pid, child.poll(), child.wait(timeout=1)) == (4242, 3, 3)
