@@ -192,3 +192,54 @@ def test_the_supervisor_never_writes_through_a_link_the_task_put_in_its_director
     st = _wait_state(d, ("failed",))        # the task's output has nowhere safe to go: it is not started
     assert st["exit_code"] == 127 and target.read_text() == "keep\n"
     assert not (d / "supervisor.json").is_symlink() and (d / "node.log").is_symlink()
+
+
+def _forge(d: Path, **pids) -> None:
+    """Rewrite the state file as the task's user can (the directory is theirs)."""
+    state = json.loads((d / "supervisor.json").read_text())
+    (d / "supervisor.json").write_text(json.dumps(dict(state, **pids)))
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(") ", 1)[1].startswith("Z"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_stop_signals_only_the_directory_s_supervisor_and_task_whatever_the_state_file_names(tmp_path):
+    """The state file is the task user's to rewrite: `stop` (root) must find the directory's supervisor and
+    task itself and leave alone the processes a forged file names."""
+    victims = [subprocess.Popen(["sleep", "300"]) for _ in range(2)]
+    try:
+        d = tmp_path / "task"
+        _sup("start", "--dir", str(d), "--", "sleep", "300")
+        real = _wait_state(d, ("running",))
+        _forge(d, pid=victims[0].pid, child_pid=victims[1].pid)
+        assert _sup("start", "--dir", str(d), "--", "sleep", "300").stdout.startswith(
+            f"already running (supervisor pid {real['pid']})")
+        assert _state(d)["state"] == "running"          # the file names another pid; the supervisor is found
+        assert _sup("stop", "--dir", str(d)).stdout.startswith("stopped")
+        assert _gone(real["pid"]) and _gone(real["child_pid"])
+        assert all(v.poll() is None for v in victims)
+
+        # a task that outlives the grace: stop kills the supervisor and its task, not the forged child
+        d = tmp_path / "stubborn"
+        _sup("start", "--dir", str(d), "--", "/bin/sh", "-c", "trap '' INT; while :; do sleep 0.1; done")
+        real = _wait_state(d, ("running",))
+        _forge(d, pid=victims[0].pid, child_pid=victims[1].pid)
+        assert _sup("stop", "--dir", str(d), "--grace", "1").stdout.startswith("killed")
+        assert _gone(real["pid"]) and _gone(real["child_pid"])
+        assert all(v.poll() is None for v in victims)
+    finally:
+        for d in (tmp_path / "task", tmp_path / "stubborn"):
+            _sup("stop", "--dir", str(d), "--grace", "1")
+        for v in victims:
+            v.kill()
+            v.wait()
