@@ -243,3 +243,19 @@ def test_stop_signals_only_the_directory_s_supervisor_and_task_whatever_the_stat
         for v in victims:
             v.kill()
             v.wait()
+
+
+def test_status_reads_no_fifo_or_link_the_task_put_in_place_of_its_files(tmp_path):
+    """`status` runs as root over the task user's files: a FIFO in place of one must not hang it, and a link
+    must not make it print the file the link points at."""
+    d = tmp_path / "task"
+    _sup("start", "--dir", str(d), "--", "/bin/echo", "hello")
+    _wait_state(d, ("succeeded",))
+    secret = tmp_path / "root-only.json"
+    secret.write_text('{"secret": "root-only"}')
+    os.mkfifo(d / "status.json")
+    (d / "unpublished.json").symlink_to(secret)
+    res = _sup("status", "--dir", str(d), timeout=10)      # a FIFO opened for reading would block here
+    doc = json.loads(res.stdout)
+    assert doc["supervisor"]["state"] == "succeeded" and doc["task"] == {} and doc["unpublished"] is None
+    assert "root-only" not in res.stdout

@@ -35,6 +35,8 @@ if sys.argv[1] == "wait":
     except KeyboardInterrupt:
         print("task got SIGINT", flush=True)
         sys.exit(0)
+if sys.argv[1] == "interrupt":
+    raise KeyboardInterrupt
 sys.exit(int(sys.argv[1]))
 """
 
@@ -277,3 +279,18 @@ def test_an_end_that_comes_in_the_same_read_as_the_pid_is_taken(tmp_path):
     server.join(10)
     listener.close()
     assert (child.pid, child.poll(), child.wait(timeout=1)) == (4242, 3, 3)
+
+
+def test_an_uncaught_keyboard_interrupt_ends_a_forked_task_as_it_ends_a_plain_one(setup):
+    """An interpreter killed by an uncaught KeyboardInterrupt exits by SIGINT (-2): a forked task too."""
+    tmp_path, script, _, warm, env = setup
+    codes = {}
+    for how in ("plain", "warm"):
+        d = tmp_path / f"task-{how}"
+        res = sup(env, "start", "--dir", str(d), *(["--warm", str(warm)] if how == "warm" else []),
+                  "--max-restarts", "0", "--", sys.executable, str(script), "interrupt")
+        assert res.stdout.startswith("started"), res.stdout + res.stderr
+        codes[how] = wait_state(env, d, ("failed",))["exit_code"]
+        assert "KeyboardInterrupt" in (d / "node.log").read_text()
+    assert "forked from the warm interpreter" in (tmp_path / "task-warm" / "node.log").read_text()
+    assert codes == {"plain": -signal.SIGINT, "warm": -signal.SIGINT}
