@@ -6,7 +6,9 @@ import json
 import os
 import pwd
 import signal
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -214,32 +216,42 @@ def _gone(pid: int, timeout: float = 10.0) -> bool:
 
 
 def test_stop_signals_only_the_directory_s_supervisor_and_task_whatever_the_state_file_names(tmp_path):
-    """The state file is the task user's to rewrite: `stop` (root) must find the directory's supervisor and
-    task itself and leave alone the processes a forged file names."""
-    victims = [subprocess.Popen(["sleep", "300"]) for _ in range(2)]
+    """The state file is the task user's to rewrite, and a process of theirs can carry any command line: `stop`
+    (root) signals only the supervisor and task root's own record names, never the processes a forged file
+    names, even one that looks like the directory's supervisor."""
+    d, stubborn = tmp_path / "task", tmp_path / "stubborn"
+    # session leaders (a killpg would reach them), one of them root's with the supervisor's command line
+    victims = [subprocess.Popen(["sleep", "300"], start_new_session=True),
+               subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "tfc-supervise", "start",
+                                 "--dir", str(d)], start_new_session=True)]
+    started = []
     try:
-        d = tmp_path / "task"
         _sup("start", "--dir", str(d), "--", "sleep", "300")
         real = _wait_state(d, ("running",))
-        _forge(d, pid=victims[0].pid, child_pid=victims[1].pid)
+        started.append(real)
+        _forge(d, pid=victims[1].pid, child_pid=victims[0].pid)
         assert _sup("start", "--dir", str(d), "--", "sleep", "300").stdout.startswith(
             f"already running (supervisor pid {real['pid']})")
-        assert _state(d)["state"] == "running"          # the file names another pid; the supervisor is found
+        assert _state(d)["state"] == "running"          # the file names another pid; root's record tells
         assert _sup("stop", "--dir", str(d)).stdout.startswith("stopped")
         assert _gone(real["pid"]) and _gone(real["child_pid"])
         assert all(v.poll() is None for v in victims)
 
-        # a task that outlives the grace: stop kills the supervisor and its task, not the forged child
-        d = tmp_path / "stubborn"
-        _sup("start", "--dir", str(d), "--", "/bin/sh", "-c", "trap '' INT; while :; do sleep 0.1; done")
-        real = _wait_state(d, ("running",))
-        _forge(d, pid=victims[0].pid, child_pid=victims[1].pid)
-        assert _sup("stop", "--dir", str(d), "--grace", "1").stdout.startswith("killed")
+        # a task that outlives the grace: stop kills the supervisor and its task, not the forged ones
+        _sup("start", "--dir", str(stubborn), "--", "/bin/sh", "-c", "trap '' INT; while :; do sleep 0.1; done")
+        real = _wait_state(stubborn, ("running",))
+        started.append(real)
+        _forge(stubborn, pid=victims[1].pid, child_pid=victims[0].pid)
+        assert _sup("stop", "--dir", str(stubborn), "--grace", "1").stdout.startswith("killed")
         assert _gone(real["pid"]) and _gone(real["child_pid"])
         assert all(v.poll() is None for v in victims)
     finally:
-        for d in (tmp_path / "task", tmp_path / "stubborn"):
-            _sup("stop", "--dir", str(d), "--grace", "1")
+        for st in started:      # whatever a failed assertion left running
+            for pid in (st["child_pid"], st["pid"]):
+                try:
+                    os.killpg(pid, signal.SIGKILL) if pid == st["child_pid"] else os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
         for v in victims:
             v.kill()
             v.wait()
@@ -259,3 +271,18 @@ def test_status_reads_no_fifo_or_link_the_task_put_in_place_of_its_files(tmp_pat
     doc = json.loads(res.stdout)
     assert doc["supervisor"]["state"] == "succeeded" and doc["task"] == {} and doc["unpublished"] is None
     assert "root-only" not in res.stdout
+    # a socket, JSON nested past Python's recursion limit, a file far larger than any state file
+    (d / "unpublished.json").unlink()
+    (d / "unpublished.json").write_text("[" * 100_000)
+    (d / "status.json").unlink()
+    with open(d / "status.json", "wb") as f:
+        f.truncate(64 << 20)
+    (d / "supervisor.json").unlink()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(d / "supervisor.json"))
+        res = _sup("status", "--dir", str(d), timeout=10)
+        assert res.returncode == 0 and json.loads(res.stdout) == {"supervisor": {}, "task": {}, "unpublished": None}
+        for args in (("stop",), ("start", "--fresh", "--", "/bin/echo", "again")):
+            res = _sup(*args[:1], "--dir", str(d), *args[1:], timeout=10)
+            assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+        assert _wait_state(d, ("succeeded",))["state"] == "succeeded"

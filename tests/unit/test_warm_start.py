@@ -281,16 +281,19 @@ def test_an_end_that_comes_in_the_same_read_as_the_pid_is_taken(tmp_path):
     assert (child.pid, child.poll(), child.wait(timeout=1)) == (4242, 3, 3)
 
 
-def test_an_uncaught_keyboard_interrupt_ends_a_forked_task_as_it_ends_a_plain_one(setup):
-    """An interpreter killed by an uncaught KeyboardInterrupt exits by SIGINT (-2): a forked task too."""
+def test_an_uncaught_keyboard_interrupt_or_a_negative_exit_ends_a_forked_task_as_it_ends_a_plain_one(setup):
+    """An interpreter killed by an uncaught KeyboardInterrupt exits by SIGINT (-2), and sys.exit(-1) is 255:
+    a forked task's too."""
     tmp_path, script, _, warm, env = setup
     codes = {}
-    for how in ("plain", "warm"):
-        d = tmp_path / f"task-{how}"
-        res = sup(env, "start", "--dir", str(d), *(["--warm", str(warm)] if how == "warm" else []),
-                  "--max-restarts", "0", "--", sys.executable, str(script), "interrupt")
-        assert res.stdout.startswith("started"), res.stdout + res.stderr
-        codes[how] = wait_state(env, d, ("failed",))["exit_code"]
-        assert "KeyboardInterrupt" in (d / "node.log").read_text()
-    assert "forked from the warm interpreter" in (tmp_path / "task-warm" / "node.log").read_text()
-    assert codes == {"plain": -signal.SIGINT, "warm": -signal.SIGINT}
+    for arg in ("interrupt", "-1"):
+        for how in ("plain", "warm"):
+            d = tmp_path / f"task-{how}-{arg}"
+            res = sup(env, "start", "--dir", str(d), *(["--warm", str(warm)] if how == "warm" else []),
+                      "--max-restarts", "0", "--", sys.executable, str(script), arg)
+            assert res.stdout.startswith("started"), res.stdout + res.stderr
+            codes[how, arg] = wait_state(env, d, ("failed",))["exit_code"]
+            assert ("forked from the warm interpreter" in (d / "node.log").read_text()) == (how == "warm")
+        assert "KeyboardInterrupt" in (tmp_path / "task-warm-interrupt" / "node.log").read_text()
+    assert codes == {("plain", "interrupt"): -signal.SIGINT, ("warm", "interrupt"): -signal.SIGINT,
+                     ("plain", "-1"): 255, ("warm", "-1"): 255}
