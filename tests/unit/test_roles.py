@@ -224,11 +224,9 @@ def test_stop_signals_only_the_directory_s_supervisor_and_task_whatever_the_stat
     victims = [subprocess.Popen(["sleep", "300"], start_new_session=True),
                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "tfc-supervise", "start",
                                  "--dir", str(d)], start_new_session=True)]
-    started = []
     try:
         _sup("start", "--dir", str(d), "--", "sleep", "300")
         real = _wait_state(d, ("running",))
-        started.append(real)
         _forge(d, pid=victims[1].pid, child_pid=victims[0].pid)
         assert _sup("start", "--dir", str(d), "--", "sleep", "300").stdout.startswith(
             f"already running (supervisor pid {real['pid']})")
@@ -240,18 +238,13 @@ def test_stop_signals_only_the_directory_s_supervisor_and_task_whatever_the_stat
         # a task that outlives the grace: stop kills the supervisor and its task, not the forged ones
         _sup("start", "--dir", str(stubborn), "--", "/bin/sh", "-c", "trap '' INT; while :; do sleep 0.1; done")
         real = _wait_state(stubborn, ("running",))
-        started.append(real)
         _forge(stubborn, pid=victims[1].pid, child_pid=victims[0].pid)
         assert _sup("stop", "--dir", str(stubborn), "--grace", "1").stdout.startswith("killed")
         assert _gone(real["pid"]) and _gone(real["child_pid"])
         assert all(v.poll() is None for v in victims)
     finally:
-        for st in started:      # whatever a failed assertion left running
-            for pid in (st["child_pid"], st["pid"]):
-                try:
-                    os.killpg(pid, signal.SIGKILL) if pid == st["child_pid"] else os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        for each in (d, stubborn):      # whatever a failed assertion left running (stop trusts root's record)
+            _sup("stop", "--dir", str(each), "--grace", "1")
         for v in victims:
             v.kill()
             v.wait()
@@ -271,13 +264,12 @@ def test_status_reads_no_fifo_or_link_the_task_put_in_place_of_its_files(tmp_pat
     doc = json.loads(res.stdout)
     assert doc["supervisor"]["state"] == "succeeded" and doc["task"] == {} and doc["unpublished"] is None
     assert "root-only" not in res.stdout
-    # a socket, JSON nested past Python's recursion limit, a file far larger than any state file
+    # a socket, JSON nested past Python's recursion limit, valid JSON far larger than any state file
     (d / "unpublished.json").unlink()
     (d / "unpublished.json").write_text("[" * 100_000)
-    (d / "status.json").unlink()
-    with open(d / "status.json", "wb") as f:
-        f.truncate(64 << 20)
     (d / "supervisor.json").unlink()
+    (d / "status.json").unlink()
+    (d / "status.json").write_text(json.dumps({"step": 1, "pad": "x" * (2 << 20)}))   # valid, over 1 MiB
     with socket.socket(socket.AF_UNIX) as sock:
         sock.bind(str(d / "supervisor.json"))
         res = _sup("status", "--dir", str(d), timeout=10)
@@ -286,3 +278,51 @@ def test_status_reads_no_fifo_or_link_the_task_put_in_place_of_its_files(tmp_pat
             res = _sup(*args[:1], "--dir", str(d), *args[1:], timeout=10)
             assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
         assert _wait_state(d, ("succeeded",))["state"] == "succeeded"
+
+
+def test_start_clears_what_the_task_left_in_place_of_its_files(tmp_path):
+    """What a task leaves in its directory stays there for the next run's start: a directory in place of a
+    state file or of the previous log, a dangling link as the log, a FIFO as the log. The next start still
+    starts (or, for the FIFO it cannot write to, fails the task at once, never hanging)."""
+    d = tmp_path / "task"
+    _sup("start", "--dir", str(d), "--", "/bin/echo", "first")
+    _wait_state(d, ("succeeded",))
+    for name in ("supervisor.json", "status.json", "node.log.1", "supervisor.json.tmp"):
+        (d / name).unlink(missing_ok=True)
+        (d / name).mkdir()
+        (d / name / "inside").write_text("x")
+    assert json.loads(_sup("status", "--dir", str(d)).stdout)["supervisor"] == {}
+    res = _sup("start", "--fresh", "--dir", str(d), "--", "/bin/echo", "second")
+    assert res.stdout.startswith("started"), res.stdout + res.stderr
+    assert _wait_state(d, ("succeeded",))["state"] == "succeeded" and "second" in (d / "node.log").read_text()
+
+    (d / "node.log").unlink()
+    (d / "node.log").symlink_to(tmp_path / "nowhere")
+    _sup("start", "--fresh", "--dir", str(d), "--", "/bin/echo", "third")
+    assert _wait_state(d, ("succeeded",))["state"] == "succeeded" and "third" in (d / "node.log").read_text()
+
+    (d / "node.log").unlink()
+    os.mkfifo(d / "node.log")
+    _sup("start", "--dir", str(d), "--", "/bin/echo", "fourth")
+    assert _wait_state(d, ("failed",), timeout=10)["exit_code"] == 127
+
+
+def test_stop_and_start_end_the_task_of_a_supervisor_that_was_killed(tmp_path):
+    """A supervisor killed (the OOM killer, say) leaves its task running: `stop` ends it through root's record,
+    and so does the next `start` before it starts another."""
+    for how in ("stop", "start"):
+        d = tmp_path / how
+        _sup("start", "--dir", str(d), "--", "sleep", "300")
+        st = _wait_state(d, ("running",))
+        try:
+            os.kill(st["pid"], signal.SIGKILL)
+            assert _gone(st["pid"]) and not _gone(st["child_pid"], timeout=0.5)
+            res = _sup(how, "--dir", str(d), *(["--", "/bin/echo", "next"] if how == "start" else []))
+            assert f"the task (pid {st['child_pid']})" in res.stdout, res.stdout + res.stderr
+            assert _gone(st["child_pid"])
+        finally:
+            _sup("stop", "--dir", str(d), "--grace", "1")
+            try:
+                os.killpg(st["child_pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
