@@ -320,6 +320,9 @@ def test_stop_and_start_end_the_task_of_a_supervisor_that_was_killed(tmp_path):
             res = _sup(how, "--dir", str(d), *(["--", "/bin/echo", "next"] if how == "start" else []))
             assert f"the task (pid {st['child_pid']})" in res.stdout, res.stdout + res.stderr
             assert _gone(st["child_pid"])
+            if how == "stop":   # nothing of it is left in root's record either
+                assert all(json.loads(f.read_text()).get("dir") != str(d.resolve())
+                           for f in Path("/run/tfc-supervise").glob("*.json"))
         finally:
             _sup("stop", "--dir", str(d), "--grace", "1")
             try:
