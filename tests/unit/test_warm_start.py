@@ -247,18 +247,24 @@ def test_sigterm_to_the_warm_interpreter_leaves_its_task_running(setup):
     assert wait_state(env, d, ("stopped",))["exit_code"] == 0
 
 
-def test_an_end_that_comes_in_the_same_read_as_the_pid_is_taken(tmp_path):
-    """A task that ends at once: its pid and its end can reach the supervisor in one read."""
+def _supervise_module():
     import importlib.machinery
     import importlib.util
-    import socket
-    import threading
 
     loader = importlib.machinery.SourceFileLoader("tfc_supervise", str(SUPERVISE))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
+    return module
+
+
+def _answered(module, tmp_path, reply: bytes, as_user: dict, held: list | None = None):
+    """The WarmChild a task's start makes when the warm interpreter's socket answers ``reply``; the
+    connection is closed after it, or added to ``held`` (an interpreter that stays up)."""
+    import socket
+    import threading
+
     warm = tmp_path / "warm"
-    warm.mkdir()
+    warm.mkdir(parents=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(warm / "warm.sock"))
     listener.listen(1)
@@ -268,17 +274,56 @@ def test_an_end_that_comes_in_the_same_read_as_the_pid_is_taken(tmp_path):
         _, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
         for fd in fds:
             os.close(fd)
-        conn.sendall(b'{"pid": 4242}\n{"exit": 3}\n')
-        conn.close()
+        conn.sendall(reply)
+        if held is None:
+            conn.close()
+        else:
+            held.append(conn)
 
     server = threading.Thread(target=answer)
     server.start()
-    interpreter = module.WarmInterpreter(str(warm), sys.executable, {}, {}, lambda msg: None)
+    interpreter = module.WarmInterpreter(str(warm), sys.executable, {}, as_user, lambda msg: None)
     with open(tmp_path / "out.log", "ab") as out:
         child = interpreter.start([sys.executable, "task.py"], {}, str(tmp_path), out)
     server.join(10)
     listener.close()
+    return child
+
+
+def test_an_end_that_comes_in_the_same_read_as_the_pid_is_taken(tmp_path):
+    """A task that ends at once: its pid and its end can reach the supervisor in one read."""
+    child = _answered(_supervise_module(), tmp_path, b'{"pid": 4242}\n{"exit": 3}\n', {})
     assert (child.pid, child.poll(), child.wait(timeout=1)) == (4242, 3, 3)
+
+
+def test_a_warm_answer_naming_another_users_process_never_makes_root_signal_it(tmp_path):
+    """The warm interpreter is the task user's: its answer may name any pid. The supervisor signals the task
+    only through a pidfd it opened while that pid was a process of the task's user: a process of another user
+    is neither signalled nor recorded; the task's user's own is, until it ends."""
+    module = _supervise_module()
+    supervisor = module.Supervisor.__new__(module.Supervisor)    # only its child's signalling is used here
+    decoy = subprocess.Popen(["sleep", "120"], start_new_session=True)     # this test's user's, a session leader
+    held = []
+    try:
+        other = {"user": 65534, "group": 65534} if os.getuid() != 65534 else {"user": 0, "group": 0}
+        supervisor.child = _answered(module, tmp_path / "a", f'{{"pid": {decoy.pid}}}\n'.encode(), other, held)
+        assert supervisor.child.fd is None and module.Supervisor._identity_of(supervisor.child) is None
+        supervisor._kill_child(signal.SIGKILL)
+        assert decoy.poll() is None, "a process of another user was signalled on the warm interpreter's word"
+
+        supervisor.child = _answered(module, tmp_path / "b", f'{{"pid": {decoy.pid}}}\n'.encode(), {}, held)
+        assert supervisor.child.fd is not None
+        assert module.Supervisor._identity_of(supervisor.child)["pid"] == decoy.pid
+        supervisor._kill_child(signal.SIGTERM)
+        assert decoy.wait(timeout=10) == -signal.SIGTERM
+        # ended (and reaped, so its pid is free for another process): nothing is signalled or recorded
+        assert module.Supervisor._identity_of(supervisor.child) is None
+        supervisor._kill_child(signal.SIGKILL)
+    finally:
+        decoy.kill()
+        decoy.wait()
+        for conn in held:
+            conn.close()
 
 
 def test_an_uncaught_keyboard_interrupt_or_a_negative_exit_ends_a_forked_task_as_it_ends_a_plain_one(setup):
