@@ -96,8 +96,9 @@ def task_status(state: ClusterState, node: Node, timeout: float = 15) -> dict | 
 
 def task_log(state: ClusterState, node: Node, lines: int) -> str | None:
     """The last lines of the node's task log; None when the node does not answer or has no log yet."""
-    res = run(state, node, f"tail -n {int(lines)} {TASK_DIR}/node.log")
-    if res is None or (res.returncode != 0 and "No such file" in res.stderr):
+    # the supervisor reads it: the log lies in the task user's directory, and root must not follow a link there
+    res = run(state, node, f"{SUPERVISE} tail --dir {TASK_DIR} --lines {int(lines)}")
+    if res is None or res.returncode == 3:     # no log yet
         return None
     if res.returncode != 0:
         raise NodeCommandError(f"{node.name}: reading its log failed (exit {res.returncode}): "

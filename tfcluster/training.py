@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tfc_harness import strategies
 
-from . import access, ansible_run, configured, groups, job, poll, remote, runrecord, store, wheelhouse
+from . import access, ansible_run, collected, configured, groups, job, poll, remote, runrecord, store, wheelhouse
 from .cluster import down as destroy_cluster
 from .cluster import load_spec, phase, say
 from .config import ROLES, RunSpec
@@ -252,6 +252,9 @@ def _stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, c
     except TfclusterError as exc:
         say(f"warning: could not fetch every node's log: {exc}")
         return False
+    finally:    # each node's one archive, also those fetched before a failure
+        for problem in collected.unpack(dest):
+            say(f"warning: {problem}")
 
 
 def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -329,3 +331,68 @@ def test_stop_and_start_end_the_task_of_a_supervisor_that_was_killed(tmp_path):
                 os.killpg(st["child_pid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _collected(copy: Path) -> dict[str, bytes]:
+    """What `collect` put into its archive: {name: bytes}."""
+    with tarfile.open(copy / "collected.tar") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+
+
+def test_tail_and_collect_read_only_regular_files_of_the_task_never_through_a_link(tmp_path):
+    """`tail` (make logs) and `collect` (the archive the controller fetches) run as root over the task user's
+    files: a link in place of one must not make them read the file it points at, a FIFO must not hang them,
+    and a sparse log of any size is archived only as its tail."""
+    d, copy = tmp_path / "task", tmp_path / "copy"
+    assert _sup("tail", "--dir", str(d)).returncode == 3          # no log yet
+    _sup("start", "--dir", str(d), "--", "/bin/sh", "-c", "for i in $(seq 100); do echo line $i; done")
+    _wait_state(d, ("succeeded",))
+    end = time.monotonic() + 10     # the supervisor's last line follows the state it records
+    while "task succeeded" not in (d / "node.log").read_text() and time.monotonic() < end:
+        time.sleep(0.05)
+    res = _sup("tail", "--dir", str(d), "--lines", "3")
+    assert res.returncode == 0 and res.stdout.splitlines()[:2] == ["line 99", "line 100"], res.stdout + res.stderr
+    assert _sup("collect", "--dir", str(d), "--to", str(copy)).stdout == ""
+    got = _collected(copy)
+    assert sorted(got) == ["node.log", "supervisor.json"] and got["node.log"] == (d / "node.log").read_bytes()
+    assert [p.name for p in copy.iterdir()] == ["collected.tar"]
+    assert oct(copy.stat().st_mode & 0o777) == "0o700"
+    assert oct((copy / "collected.tar").stat().st_mode & 0o777) == "0o600"
+
+    secret = tmp_path / "root-only"
+    secret.write_text("root-only secret\n")
+    (d / "node.log").unlink()
+    (d / "node.log").symlink_to(secret)
+    (d / "status.json").symlink_to(secret)
+    res = _sup("tail", "--dir", str(d))
+    assert res.returncode == 1 and "not a regular file" in res.stderr and "secret" not in res.stdout
+    res = _sup("collect", "--dir", str(d), "--to", str(copy))
+    assert res.stdout.splitlines() == ["node.log: not a regular file: not copied",
+                                       "status.json: not a regular file: not copied"], res.stdout + res.stderr
+    assert sorted(_collected(copy)) == ["supervisor.json"]
+
+    (d / "node.log").unlink()
+    os.mkfifo(d / "node.log")
+    assert _sup("tail", "--dir", str(d), timeout=10).returncode == 1    # a FIFO opened for reading would block
+    assert "node.log: not a regular file" in _sup("collect", "--dir", str(d), "--to", str(copy), timeout=10).stdout
+
+    # a link put in place of the archive's directory is removed, not written through
+    shutil.rmtree(copy)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    copy.symlink_to(elsewhere)
+    (d / "node.log").unlink()
+    with open(d / "node.log", "wb") as f:     # sparse, 10 MiB past what collect takes of a log
+        f.truncate((256 << 20) + (10 << 20))
+        f.seek(-len(b"\nthe end\n"), os.SEEK_END)
+        f.write(b"\nthe end\n")
+    res = _sup("collect", "--dir", str(d), "--to", str(copy), timeout=60)
+    assert "node.log: its last 268435456 bytes copied, the first 10485760 left on the node" in res.stdout, res.stdout
+    assert copy.is_dir() and not copy.is_symlink() and list(elsewhere.iterdir()) == []
+    with tarfile.open(copy / "collected.tar") as tar:
+        log = tar.extractfile("node.log")
+        assert log.readline().startswith(b"[tfc-supervise collect: the first 10485760 bytes of this log are only")
+        log.seek(-8, os.SEEK_END)
+        assert log.read() == b"the end\n"
+    res = _sup("tail", "--dir", str(d), "--lines", "1")
+    assert res.returncode == 0 and res.stdout == "the end\n"

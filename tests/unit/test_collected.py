@@ -1,0 +1,55 @@
+"""The controller's side of a node's log archive (tfcluster/collected.py): what the supervisor's archive
+holds lands in the node's directory of the run's logs, and nothing an archive names outside it does."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+from tfcluster import collected
+
+
+def _archive(path, members):
+    """A tar at ``path`` of ``members``: (name, bytes) for a file, (name, "->target") for a symbolic link."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if isinstance(data, str):
+                info.type, info.linkname = tarfile.SYMTYPE, data[2:]
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def test_each_node_s_archive_is_unpacked_beside_it_and_removed(tmp_path):
+    for node in ("c-chief-0", "c-ps-0"):
+        _archive(tmp_path / node / "collected.tar",
+                 [("node.log", f"{node} log\n".encode()), ("status.json", b'{"step": 3}')])
+    (tmp_path / "c-ps-0" / "node.log").write_text("an older copy\n")    # a fetch before: replaced
+    assert collected.unpack(tmp_path) == []
+    for node in ("c-chief-0", "c-ps-0"):
+        assert sorted(p.name for p in (tmp_path / node).iterdir()) == ["node.log", "status.json"]
+        assert (tmp_path / node / "node.log").read_text() == f"{node} log\n"
+
+
+def test_an_archive_s_other_members_are_not_written_anywhere(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    logs = tmp_path / "logs"
+    _archive(logs / "n" / "collected.tar",
+             [("../../outside/escaped", b"x"), ("/tmp/absolute-tfct", b"x"), ("sub/node.log", b"x"),
+              ("supervisor.json", "->/etc/passwd"), ("other.txt", b"x"), ("node.log", b"the log\n")])
+    assert collected.unpack(logs) == []
+    assert [p.name for p in (logs / "n").iterdir()] == ["node.log"] and list(outside.iterdir()) == []
+    assert (logs / "n" / "node.log").read_text() == "the log\n"
+
+
+def test_an_archive_that_cannot_be_read_is_kept_and_named(tmp_path):
+    bad = tmp_path / "n" / "collected.tar"
+    bad.parent.mkdir()
+    bad.write_bytes(b"not a tar at all" * 100)
+    problems = collected.unpack(tmp_path)
+    assert len(problems) == 1 and str(bad) in problems[0] and "kept" in problems[0]
+    assert bad.exists()

@@ -1,0 +1,43 @@
+"""A node's log and state as ``playbooks/finish.yml`` fetches them: one tar per node, which the node's
+supervisor made (``tfc-supervise collect``), unpacked here beside it.
+
+A node's archive is read as data: only regular members with the names the supervisor writes are taken, each
+written to its own name in the node's directory of the run's logs, never to a path the archive names.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+ARCHIVE = "collected.tar"
+#: the files a node's archive holds (tfc-supervise's COLLECTED)
+NAMES = ("node.log", "status.json", "supervisor.json")
+
+
+def unpack(run_logs: Path) -> list[str]:
+    """Unpack every ``<node>/collected.tar`` under ``run_logs`` into ``<node>/`` and remove it; the problems,
+    one line each (an archive that cannot be read is kept as it is)."""
+    problems = []
+    for archive in sorted(run_logs.glob(f"*/{ARCHIVE}")):
+        try:
+            _unpack_one(archive)
+        except (tarfile.TarError, OSError) as exc:
+            problems.append(f"{archive}: not a readable archive of the node's log and state ({exc}); kept")
+            continue
+        archive.unlink()
+    return problems
+
+
+def _unpack_one(archive: Path) -> None:
+    with tarfile.open(archive) as tar:
+        for member in tar:
+            if not (member.isfile() and member.name in NAMES):
+                continue
+            target = archive.parent / member.name
+            tmp = target.with_name(f".{member.name}.tmp")
+            with tar.extractfile(member) as src, open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out)
+            os.replace(tmp, target)
