@@ -1,5 +1,5 @@
-"""A node's log and state as ``playbooks/finish.yml`` fetches them: one tar per node, which the node's
-supervisor made (``tfc-supervise collect``), unpacked here beside it.
+"""A node's log and state as ``playbooks/finish.yml`` fetches them: one gzipped tar per node, which the
+node's supervisor made (``tfc-supervise collect``), unpacked here beside it.
 
 A node's archive is read as data: only regular members with the names the supervisor writes are taken, each
 written to its own name in the node's directory of the run's logs, never to a path the archive names.
@@ -12,13 +12,13 @@ import shutil
 import tarfile
 from pathlib import Path
 
-ARCHIVE = "collected.tar"
+ARCHIVE = "collected.tar.gz"
 #: the files a node's archive holds (tfc-supervise's COLLECTED)
 NAMES = ("node.log", "status.json", "supervisor.json")
 
 
 def unpack(run_logs: Path) -> list[str]:
-    """Unpack every ``<node>/collected.tar`` under ``run_logs`` into ``<node>/`` and remove it; the problems,
+    """Unpack every ``<node>/collected.tar.gz`` under ``run_logs`` into ``<node>/`` and remove it; the problems,
     one line each (an archive that cannot be read is kept as it is)."""
     problems = []
     for archive in sorted(run_logs.glob(f"*/{ARCHIVE}")):

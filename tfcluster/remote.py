@@ -67,7 +67,7 @@ def run(state: ClusterState, node: Node, command: str, timeout: float = 30,
     None when the node does not answer (ssh's own exit status 255, or nothing within the timeout)."""
     try:
         res = subprocess.run(ssh_command(state, node, as_root(node, command) if root else command),
-                             capture_output=True, text=True,
+                             capture_output=True, text=True, errors="replace",    # a task's log may hold any bytes
                              timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return None

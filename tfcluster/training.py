@@ -248,13 +248,14 @@ def _stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, c
     try:
         ansible_run.playbook(state, "finish.yml", extra, forks=forks, log_file=state.logs / "train.log",
                              console=console, mitogen=False)
-        return True
+        fetched = True
     except TfclusterError as exc:
         say(f"warning: could not fetch every node's log: {exc}")
-        return False
-    finally:    # each node's one archive, also those fetched before a failure
-        for problem in collected.unpack(dest):
-            say(f"warning: {problem}")
+        fetched = False
+    problems = collected.unpack(dest)    # each node's one archive, also those fetched before a failure
+    for problem in problems:
+        say(f"warning: {problem}")
+    return fetched and not problems
 
 
 def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:

@@ -12,7 +12,7 @@ from tfcluster import collected
 def _archive(path, members):
     """A tar at ``path`` of ``members``: (name, bytes) for a file, (name, "->target") for a symbolic link."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w") as tar:
+    with tarfile.open(path, "w:gz") as tar:
         for name, data in members:
             info = tarfile.TarInfo(name)
             if isinstance(data, str):
@@ -25,7 +25,7 @@ def _archive(path, members):
 
 def test_each_node_s_archive_is_unpacked_beside_it_and_removed(tmp_path):
     for node in ("c-chief-0", "c-ps-0"):
-        _archive(tmp_path / node / "collected.tar",
+        _archive(tmp_path / node / "collected.tar.gz",
                  [("node.log", f"{node} log\n".encode()), ("status.json", b'{"step": 3}')])
     (tmp_path / "c-ps-0" / "node.log").write_text("an older copy\n")    # a fetch before: replaced
     assert collected.unpack(tmp_path) == []
@@ -38,8 +38,8 @@ def test_an_archive_s_other_members_are_not_written_anywhere(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     logs = tmp_path / "logs"
-    _archive(logs / "n" / "collected.tar",
-             [("../../outside/escaped", b"x"), ("/tmp/absolute-tfct", b"x"), ("sub/node.log", b"x"),
+    _archive(logs / "n" / "collected.tar.gz",
+             [("../../outside/escaped", b"x"), (f"{outside}/absolute", b"x"), ("sub/node.log", b"x"),
               ("supervisor.json", "->/etc/passwd"), ("other.txt", b"x"), ("node.log", b"the log\n")])
     assert collected.unpack(logs) == []
     assert [p.name for p in (logs / "n").iterdir()] == ["node.log"] and list(outside.iterdir()) == []
@@ -47,7 +47,7 @@ def test_an_archive_s_other_members_are_not_written_anywhere(tmp_path):
 
 
 def test_an_archive_that_cannot_be_read_is_kept_and_named(tmp_path):
-    bad = tmp_path / "n" / "collected.tar"
+    bad = tmp_path / "n" / "collected.tar.gz"
     bad.parent.mkdir()
     bad.write_bytes(b"not a tar at all" * 100)
     problems = collected.unpack(tmp_path)

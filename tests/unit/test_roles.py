@@ -335,14 +335,14 @@ def test_stop_and_start_end_the_task_of_a_supervisor_that_was_killed(tmp_path):
 
 def _collected(copy: Path) -> dict[str, bytes]:
     """What `collect` put into its archive: {name: bytes}."""
-    with tarfile.open(copy / "collected.tar") as tar:
+    with tarfile.open(copy / "collected.tar.gz") as tar:
         return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
 
 
 def test_tail_and_collect_read_only_regular_files_of_the_task_never_through_a_link(tmp_path):
     """`tail` (make logs) and `collect` (the archive the controller fetches) run as root over the task user's
     files: a link in place of one must not make them read the file it points at, a FIFO must not hang them,
-    and a sparse log of any size is archived only as its tail."""
+    a state file over 1 MiB is left out, and a sparse log of any size is archived only as its tail."""
     d, copy = tmp_path / "task", tmp_path / "copy"
     assert _sup("tail", "--dir", str(d)).returncode == 3          # no log yet
     _sup("start", "--dir", str(d), "--", "/bin/sh", "-c", "for i in $(seq 100); do echo line $i; done")
@@ -351,25 +351,30 @@ def test_tail_and_collect_read_only_regular_files_of_the_task_never_through_a_li
     while "task succeeded" not in (d / "node.log").read_text() and time.monotonic() < end:
         time.sleep(0.05)
     res = _sup("tail", "--dir", str(d), "--lines", "3")
-    assert res.returncode == 0 and res.stdout.splitlines()[:2] == ["line 99", "line 100"], res.stdout + res.stderr
+    last = (d / "node.log").read_text().splitlines(keepends=True)[-3:]    # the supervisor's lines and the task's
+    assert res.returncode == 0 and res.stdout == "".join(last) and "line 100\n" in res.stdout, res.stdout + res.stderr
     assert _sup("collect", "--dir", str(d), "--to", str(copy)).stdout == ""
     got = _collected(copy)
     assert sorted(got) == ["node.log", "supervisor.json"] and got["node.log"] == (d / "node.log").read_bytes()
-    assert [p.name for p in copy.iterdir()] == ["collected.tar"]
+    assert [p.name for p in copy.iterdir()] == ["collected.tar.gz"]
     assert oct(copy.stat().st_mode & 0o777) == "0o700"
-    assert oct((copy / "collected.tar").stat().st_mode & 0o777) == "0o600"
+    assert oct((copy / "collected.tar.gz").stat().st_mode & 0o777) == "0o600"
 
     secret = tmp_path / "root-only"
     secret.write_text("root-only secret\n")
     (d / "node.log").unlink()
     (d / "node.log").symlink_to(secret)
-    (d / "status.json").symlink_to(secret)
+    os.link(secret, d / "supervisor.json.hard")     # a hard link: protected_hardlinks may be off on a node
+    (d / "supervisor.json").unlink()
+    os.rename(d / "supervisor.json.hard", d / "supervisor.json")
+    (d / "status.json").write_text(json.dumps({"pad": "x" * (2 << 20)}))
     res = _sup("tail", "--dir", str(d))
-    assert res.returncode == 1 and "not a regular file" in res.stderr and "secret" not in res.stdout
+    assert res.returncode == 1 and "a symbolic link: not read" in res.stderr and "secret" not in res.stdout
     res = _sup("collect", "--dir", str(d), "--to", str(copy))
-    assert res.stdout.splitlines() == ["node.log: not a regular file: not copied",
-                                       "status.json: not a regular file: not copied"], res.stdout + res.stderr
-    assert sorted(_collected(copy)) == ["supervisor.json"]
+    assert res.stdout.splitlines() == ["node.log: a symbolic link: not taken", "status.json: over 1048576 bytes: "
+                                       "not taken", "supervisor.json: a hard link: not taken"], res.stdout + res.stderr
+    assert _collected(copy) == {}     # made afresh: the earlier archive went
+    (d / "supervisor.json").unlink()
 
     (d / "node.log").unlink()
     os.mkfifo(d / "node.log")
@@ -383,16 +388,35 @@ def test_tail_and_collect_read_only_regular_files_of_the_task_never_through_a_li
     copy.symlink_to(elsewhere)
     (d / "node.log").unlink()
     with open(d / "node.log", "wb") as f:     # sparse, 10 MiB past what collect takes of a log
-        f.truncate((256 << 20) + (10 << 20))
+        f.truncate((64 << 20) + (10 << 20))
         f.seek(-len(b"\nthe end\n"), os.SEEK_END)
         f.write(b"\nthe end\n")
     res = _sup("collect", "--dir", str(d), "--to", str(copy), timeout=60)
-    assert "node.log: its last 268435456 bytes copied, the first 10485760 left on the node" in res.stdout, res.stdout
+    assert "node.log: its last 67108864 bytes taken, the first 10485760 left on the node" in res.stdout, res.stdout
     assert copy.is_dir() and not copy.is_symlink() and list(elsewhere.iterdir()) == []
-    with tarfile.open(copy / "collected.tar") as tar:
-        log = tar.extractfile("node.log")
-        assert log.readline().startswith(b"[tfc-supervise collect: the first 10485760 bytes of this log are only")
-        log.seek(-8, os.SEEK_END)
-        assert log.read() == b"the end\n"
+    log = _collected(copy)["node.log"]
+    assert log.startswith(b"[tfc-supervise collect: the first 10485760 bytes of this log are only on the node")
+    assert log.endswith(b"\nthe end\n") and len(log) == (64 << 20) + log.index(b"\n") + 1
     res = _sup("tail", "--dir", str(d), "--lines", "1")
     assert res.returncode == 0 and res.stdout == "the end\n"
+
+
+def test_tail_past_its_window_never_prints_a_cut_line(tmp_path):
+    """`tail` reads the log's last 4 MiB: the first line there may be cut mid-character, and is never shown,
+    even when the window holds fewer lines than asked for."""
+    d = tmp_path / "task"
+    d.mkdir()
+    (d / "node.log").write_bytes("━".encode() * (2 << 20) + b"\nlast line\n")    # one 6 MiB line, then one
+    res = subprocess.run([str(SUPERVISE), "tail", "--dir", str(d), "--lines", "5"], capture_output=True, timeout=30)
+    assert res.returncode == 0 and res.stdout == b"last line\n", res.stdout[:100]
+
+
+def test_collect_refuses_a_directory_others_may_write_to_and_says_so_in_one_line(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)
+    res = _sup("collect", "--dir", str(tmp_path / "task"), "--to", str(shared / "copy"))
+    assert res.returncode == 2 and "must be root's and writable by root only" in res.stderr, res.stderr
+    assert not (shared / "copy").exists() and "Traceback" not in res.stderr
+    res = _sup("collect", "--dir", str(tmp_path / "task"), "--to", str(tmp_path / "no" / "such" / "copy"))
+    assert res.returncode == 1 and res.stderr.startswith("tfc-supervise collect:") and len(res.stderr.splitlines()) == 1

@@ -290,6 +290,15 @@ def _answered(module, tmp_path, reply: bytes, as_user: dict, held: list | None =
     return child
 
 
+def test_a_warm_answer_that_is_not_a_process_id_fails_the_start_in_one_line(tmp_path):
+    """An answer naming a pid out of Linux's range (or not a number) is refused as an OSError, which the
+    supervisor logs before it starts the task the plain way, never a crash of root's supervisor."""
+    module = _supervise_module()
+    for i, pid in enumerate(("2147483648", "-1", '"12"', "true")):
+        with pytest.raises(OSError, match="not a process id"):
+            _answered(module, tmp_path / str(i), f'{{"pid": {pid}}}\n'.encode(), {})
+
+
 def test_an_end_that_comes_in_the_same_read_as_the_pid_is_taken(tmp_path):
     """A task that ends at once: its pid and its end can reach the supervisor in one read."""
     child = _answered(_supervise_module(), tmp_path, b'{"pid": 4242}\n{"exit": 3}\n', {})
@@ -316,9 +325,8 @@ def test_a_warm_answer_naming_another_users_process_never_makes_root_signal_it(t
         assert module.Supervisor._identity_of(supervisor.child)["pid"] == decoy.pid
         supervisor._kill_child(signal.SIGTERM)
         assert decoy.wait(timeout=10) == -signal.SIGTERM
-        # ended (and reaped, so its pid is free for another process): nothing is signalled or recorded
+        # ended (and reaped, so its pid is free for another process): it is not recorded
         assert module.Supervisor._identity_of(supervisor.child) is None
-        supervisor._kill_child(signal.SIGKILL)
     finally:
         decoy.kill()
         decoy.wait()
