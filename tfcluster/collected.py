@@ -13,8 +13,9 @@ import tarfile
 from pathlib import Path
 
 ARCHIVE = "collected.tar.gz"
-#: the files a node's archive holds (tfc-supervise's COLLECTED)
-NAMES = ("node.log", "status.json", "supervisor.json")
+#: the files a node's archive holds, with the most any of them may hold (tfc-supervise's COLLECTED: the
+#: log's last 64 MiB and its first line, a state file up to 1 MiB)
+NAMES = {"node.log": (64 << 20) + 4096, "status.json": 1 << 20, "supervisor.json": 1 << 20}
 
 
 def unpack(run_logs: Path) -> list[str]:
@@ -36,6 +37,9 @@ def _unpack_one(archive: Path) -> None:
         for member in tar:
             if not (member.isfile() and member.name in NAMES):
                 continue
+            if member.size > NAMES[member.name]:    # never one of the supervisor's: not written out
+                raise OSError(f"{member.name} holds {member.size} bytes, over the {NAMES[member.name]} "
+                              f"the supervisor writes")
             target = archive.parent / member.name
             tmp = target.with_name(f".{member.name}.tmp")
             with tar.extractfile(member) as src, open(tmp, "wb") as out:

@@ -3,9 +3,12 @@ holds lands in the node's directory of the run's logs, and nothing an archive na
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import io
 import tarfile
 
+from tests.conftest import REPO
 from tfcluster import collected
 
 
@@ -53,3 +56,26 @@ def test_an_archive_that_cannot_be_read_is_kept_and_named(tmp_path):
     problems = collected.unpack(tmp_path)
     assert len(problems) == 1 and str(bad) in problems[0] and "kept" in problems[0]
     assert bad.exists()
+
+
+def test_a_member_larger_than_the_supervisor_writes_is_not_written_out(tmp_path):
+    """A node's archive is bounded by what tfc-supervise puts in it: a larger member (a sparse one compresses
+    to almost nothing) is refused, the archive kept and named."""
+    archive = tmp_path / "n" / "collected.tar.gz"
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("status.json")
+        info.size = (1 << 20) + 1
+        tar.addfile(info, io.BytesIO(b"{" + b" " * (1 << 20)))
+    problems = collected.unpack(tmp_path)
+    assert len(problems) == 1 and "status.json holds 1048577 bytes" in problems[0], problems
+    assert not (tmp_path / "n" / "status.json").exists() and archive.exists()
+
+
+def test_the_controller_takes_what_the_supervisor_archives():
+    loader = importlib.machinery.SourceFileLoader("tfc_supervise", str(REPO / "roles/tf_node/files/tfc-supervise"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    assert set(module.COLLECTED) == set(collected.NAMES)
+    for name, limit in module.COLLECTED.items():    # the log's first line says what stayed on the node
+        assert limit <= collected.NAMES[name] <= limit + 4096, name
