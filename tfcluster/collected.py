@@ -33,10 +33,12 @@ def unpack(run_logs: Path) -> list[str]:
 
 
 def _unpack_one(archive: Path) -> None:
+    taken = set()
     with tarfile.open(archive) as tar:
         for member in tar:
-            if not (member.isfile() and member.name in NAMES):
+            if not (member.isfile() and member.name in NAMES) or member.name in taken:    # each name once
                 continue
+            taken.add(member.name)
             if member.size > NAMES[member.name]:    # never one of the supervisor's: not written out
                 raise OSError(f"{member.name} holds {member.size} bytes, over the {NAMES[member.name]} "
                               f"the supervisor writes")

@@ -79,3 +79,10 @@ def test_the_controller_takes_what_the_supervisor_archives():
     assert set(module.COLLECTED) == set(collected.NAMES)
     for name, limit in module.COLLECTED.items():    # the log's first line says what stayed on the node
         assert limit <= collected.NAMES[name] <= limit + 4096, name
+
+
+def test_each_name_is_taken_once(tmp_path):
+    """An archive repeating a name (each copy within the size limit) is written out once, not once a copy."""
+    _archive(tmp_path / "n" / "collected.tar.gz", [("node.log", b"first\n")] + [("node.log", b"again\n")] * 40)
+    assert collected.unpack(tmp_path) == []
+    assert (tmp_path / "n" / "node.log").read_text() == "first\n"

@@ -381,11 +381,19 @@ def test_tail_and_collect_read_only_regular_files_of_the_task_never_through_a_li
     assert _sup("tail", "--dir", str(d), timeout=10).returncode == 1    # a FIFO opened for reading would block
     assert "node.log: not a regular file" in _sup("collect", "--dir", str(d), "--to", str(copy), timeout=10).stdout
 
-    # a link put in place of the archive's directory is removed, not written through
+    # what collect did not make is never emptied or written through: a link in place of its directory, a
+    # directory of other files
     shutil.rmtree(copy)
     elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    copy.symlink_to(elsewhere)
+    elsewhere.mkdir(mode=0o700)
+    (elsewhere / "precious").write_text("keep\n")
+    for there in (copy, elsewhere):
+        if there == copy:
+            copy.symlink_to(elsewhere)
+        res = _sup("collect", "--dir", str(d), "--to", str(there))
+        assert res.returncode == 2 and "not a directory of collect's" in res.stderr, res.stdout + res.stderr
+        assert [p.name for p in elsewhere.iterdir()] == ["precious"]
+    copy.unlink()
     (d / "node.log").unlink()
     with open(d / "node.log", "wb") as f:     # sparse, 10 MiB past what collect takes of a log
         f.truncate((64 << 20) + (10 << 20))
@@ -393,7 +401,7 @@ def test_tail_and_collect_read_only_regular_files_of_the_task_never_through_a_li
         f.write(b"\nthe end\n")
     res = _sup("collect", "--dir", str(d), "--to", str(copy), timeout=60)
     assert "node.log: its last 67108864 bytes taken, the first 10485760 left on the node" in res.stdout, res.stdout
-    assert copy.is_dir() and not copy.is_symlink() and list(elsewhere.iterdir()) == []
+    assert (copy / "collected.tar.gz").read_bytes()[:2] == b"\x1f\x8b"      # gzipped: the fetch holds it whole
     log = _collected(copy)["node.log"]
     assert log.startswith(b"[tfc-supervise collect: the first 10485760 bytes of this log are only on the node")
     assert log.endswith(b"\nthe end\n") and len(log) == (64 << 20) + log.index(b"\n") + 1

@@ -299,6 +299,55 @@ def test_a_warm_answer_that_is_not_a_process_id_fails_the_start_in_one_line(tmp_
             _answered(module, tmp_path / str(i), f'{{"pid": {pid}}}\n'.encode(), {})
 
 
+def test_a_malformed_warm_answer_never_crashes_root_s_supervisor(tmp_path):
+    """The interpreter is the task user's: a first answer nested past Python's limit or endless fails the start
+    (an OSError, logged before the plain start); a malformed later line ends the task it named, through its
+    pidfd, as killed."""
+    module = _supervise_module()
+    for i, reply in enumerate((b"[" * 200_000 + b"\n", b"x" * (200 << 10))):
+        with pytest.raises(OSError, match="warm interpreter"):
+            _answered(module, tmp_path / f"first{i}", reply, {})
+    held = []
+    for i, later in enumerate((b'{"exit": null}\n', b'{"exit": true}\n', b"[" * 200_000 + b"\n", b"y" * (200 << 10))):
+        task = subprocess.Popen(["sleep", "120"], start_new_session=True)
+        try:
+            child = _answered(module, tmp_path / f"later{i}", f'{{"pid": {task.pid}}}\n'.encode() + later, {}, held)
+            end = time.monotonic() + 10
+            while child.poll() is None and time.monotonic() < end:
+                time.sleep(0.05)
+            assert child.returncode == -signal.SIGKILL and task.wait(timeout=10) == -signal.SIGKILL, later[:20]
+        finally:
+            task.kill()
+            task.wait()
+    for conn in held:
+        conn.close()
+
+
+def test_a_signal_to_a_forked_task_reaches_its_process_group(tmp_path):
+    """A task that leads its group (the warm interpreter's fork calls setsid) is signalled with its group: a
+    process it started gets the signal too."""
+    module = _supervise_module()
+    supervisor = module.Supervisor.__new__(module.Supervisor)
+    task = subprocess.Popen(["sh", "-c", "sleep 120 & wait"], start_new_session=True)
+    held = []
+    try:
+        end = time.monotonic() + 10
+        members = []
+        while len(members) < 2 and time.monotonic() < end:
+            members = subprocess.run(["pgrep", "-g", str(task.pid)], capture_output=True, text=True).stdout.split()
+            time.sleep(0.05)
+        assert len(members) == 2, members
+        sleeper = int(next(m for m in members if int(m) != task.pid))
+        supervisor.child = _answered(module, tmp_path, f'{{"pid": {task.pid}}}\n'.encode(), {}, held)
+        supervisor._kill_child(signal.SIGTERM)
+        assert task.wait(timeout=10) == -signal.SIGTERM and gone(sleeper)
+    finally:
+        os.killpg(task.pid, signal.SIGKILL) if task.poll() is None else None
+        task.wait()
+        for conn in held:
+            conn.close()
+
+
 def test_an_end_that_comes_in_the_same_read_as_the_pid_is_taken(tmp_path):
     """A task that ends at once: its pid and its end can reach the supervisor in one read."""
     child = _answered(_supervise_module(), tmp_path, b'{"pid": 4242}\n{"exit": 3}\n', {})
