@@ -3,12 +3,10 @@ holds lands in the node's directory of the run's logs, and nothing an archive na
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import io
 import tarfile
 
-from tests.conftest import REPO
+from tests.unit.test_warm_start import _supervise_module
 from tfcluster import collected
 
 
@@ -73,9 +71,7 @@ def test_a_member_larger_than_the_supervisor_writes_is_not_written_out(tmp_path)
 
 
 def test_the_controller_takes_what_the_supervisor_archives():
-    loader = importlib.machinery.SourceFileLoader("tfc_supervise", str(REPO / "roles/tf_node/files/tfc-supervise"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
+    module = _supervise_module()
     assert set(module.COLLECTED) == set(collected.NAMES)
     for name, limit in module.COLLECTED.items():    # the log's first line says what stayed on the node
         assert limit <= collected.NAMES[name] <= limit + 4096, name
