@@ -233,6 +233,18 @@ def test_a_record_naming_another_users_process_does_not_make_root_kill_it():
         shutil.rmtree(top, ignore_errors=True)
 
 
+def test_a_record_naming_a_pid_out_of_range_starts_a_new_interpreter(setup):
+    """warm.json is the task user's: a pid no process can have (it made os.pidfd_open overflow) is a stale
+    record like any other."""
+    tmp_path, script, _, warm, env = setup
+    warm.mkdir(mode=0o700)
+    (warm / "warm.json").write_text(json.dumps({"pid": 2 ** 70, "key": "stale", "ready": True}))
+    d = tmp_path / "task"
+    start(env, d, warm, sys.executable, str(script), "0")
+    assert wait_state(env, d, ("succeeded",))["exit_code"] == 0
+    assert "forked from the warm interpreter" in (d / "node.log").read_text()
+
+
 def test_sigterm_to_the_warm_interpreter_leaves_its_task_running(setup):
     """A VM shutting down sends SIGTERM to every process: the warm interpreter stays, so its tasks (which die
     with it) get to save their step on their own SIGTERM."""
