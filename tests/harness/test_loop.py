@@ -13,6 +13,19 @@ from tfc_harness.peers import PeerMonitor
 from tfc_harness.status import ChiefState
 
 
+class Agreed:
+    """Notices whose tasks always agree on ``chunk`` steps a call (the fixed chunks make these tests exact)."""
+
+    who = ""
+
+    def __init__(self, chunk: int):
+        self.chunk, self.proposed = chunk, []
+
+    def agree(self, chunk: int) -> int:
+        self.proposed.append(chunk)
+        return self.chunk
+
+
 @pytest.mark.parametrize("step, every, total, boundary", [(0, 100, 300, 100), (100, 100, 300, 200),
                                                           (250, 100, 300, 300), (0, 100, 30, 30)])
 def test_next_boundary(step, every, total, boundary):
@@ -48,6 +61,23 @@ def test_train_runs_every_step_checkpoints_at_boundaries_and_reports(tmp_path):
     assert status["loss"] == 0.5 and status["examples_per_sec"] > 0
 
 
+def test_each_call_runs_the_chunk_the_tasks_agreed_on_and_proposes_its_own_from_its_time(tmp_path):
+    calls = []
+
+    def train_fn(n):
+        calls.append(n)
+        time.sleep(0.002 * n)       # ~2 ms a step: a 0.5 s call would be ~250 steps
+        return [0.5] * n
+
+    agreed = Agreed(7)
+    loop.train(train_fn, ChiefState(tmp_path, total=60), examples_per_step=4, checkpoint_every=25,
+               save=lambda step: None, notices=agreed)
+    # the first call is FIRST_CHUNK everywhere, then the agreed 7, clipped at the boundaries 25, 50 and 60
+    assert calls == [10, 7, 7, 1, 7, 7, 7, 4, 7, 3]
+    assert len(agreed.proposed) == len(calls) - 1       # asked after every call but the last
+    assert all(30 <= p <= 600 for p in agreed.proposed), agreed.proposed   # its own time: ~0.5 s of steps
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_a_loss_that_is_not_finite_stops_training_before_it_is_saved_or_reported(tmp_path, bad):
     calls, saved = [], []
@@ -59,7 +89,7 @@ def test_a_loss_that_is_not_finite_stops_training_before_it_is_saved_or_reported
     state = ChiefState(tmp_path, total=300)
     with pytest.raises(loop.Diverged) as exc:
         loop.train(train_fn, state, examples_per_step=4, checkpoint_every=100, save=saved.append,
-                   steps_per_call=10)
+                   notices=Agreed(10))
     assert saved == [100]                           # the boundary before it, not the step it reached
     assert str(exc.value) == (f"the training loss became {bad} in steps 101-110: training diverged, so nothing "
                               "from these steps was saved (the newest checkpoint is step 100's); a lower learning "
@@ -72,7 +102,7 @@ def test_a_loss_that_is_not_finite_before_any_checkpoint_says_none_was_saved(tmp
     state = ChiefState(tmp_path, total=300)
     with pytest.raises(loop.Diverged, match=r"in steps 1-10: .*\(no checkpoint was saved yet\)"):
         loop.train(lambda n: [float("nan")], state, examples_per_step=4, checkpoint_every=100,
-                   save=lambda step: pytest.fail("saved a diverged step"), steps_per_call=10)
+                   save=lambda step: pytest.fail("saved a diverged step"), notices=Agreed(10))
 
 
 def test_weights_that_are_not_finite_are_not_saved_though_every_loss_was(tmp_path):
@@ -86,7 +116,7 @@ def test_weights_that_are_not_finite_are_not_saved_though_every_loss_was(tmp_pat
     state = ChiefState(tmp_path, total=300)
     with pytest.raises(loop.Diverged) as exc:       # an update in steps 141-150 made them NaN
         loop.train(train_fn, state, examples_per_step=4, checkpoint_every=100, save=saved.append,
-                   steps_per_call=10, finite=lambda: done[0] < 150)
+                   notices=Agreed(10), finite=lambda: done[0] < 150)
     assert saved == [100]
     assert str(exc.value).startswith("the model's weights or the optimizer's state became NaN or infinite in "
                                      "steps 101-200: training diverged, so nothing from these steps was saved "
@@ -97,12 +127,12 @@ def test_a_preemption_save_is_refused_too_when_the_weights_are_not_finite(tmp_pa
     class Notice:
         who = "worker 0"
 
-        def stop_now(self):
-            return True
+        def agree(self, chunk):
+            return None
 
     with pytest.raises(loop.Diverged, match=r"in steps 1-10: .*\(no checkpoint was saved yet\)"):
         loop.train(lambda n: [0.5] * n, ChiefState(tmp_path, total=300), examples_per_step=4,
-                   checkpoint_every=100, save=lambda step: pytest.fail("saved NaN weights"), steps_per_call=10,
+                   checkpoint_every=100, save=lambda step: pytest.fail("saved NaN weights"),
                    notices=Notice(), finite=lambda: False)
 
 
@@ -134,7 +164,7 @@ def test_each_progress_line_is_reported_to_the_summaries(tmp_path):
     reported = []
     state = ChiefState(tmp_path, total=40)
     loop.train(lambda n: [0.25] * n, state, examples_per_step=4, checkpoint_every=20, save=lambda step: None,
-               steps_per_call=10, on_report=lambda *args: reported.append(args))
+               notices=Agreed(10), on_report=lambda *args: reported.append(args))
     # a line about once a second, and always at the last step: a fast loop reports only that one
     assert [(step, loss) for step, loss, _ in reported] == [(40, 0.25)]
     assert reported[-1][2] > 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from harness_support import TRAIN_DIR, example_settings
@@ -50,7 +51,8 @@ def test_parameter_server_roles():
         node = cls(validate(raw))
         assert node.runs_loop() is loops
         assert node.writes_published_checkpoints() is node.publishes() is (role == "chief")
-        assert node.steps_per_call() is None and node.prefers_local_checkpoints() is True
+        assert node.agree(False, 12) == (False, 12) and node.agree(True, 3) == (True, 3)   # its own
+        assert node.prefers_local_checkpoints() is True
     chief = cls(validate(example_settings(state_dir="/srv/state")))
     assert str(chief.checkpoint_dir()) == "/srv/state/checkpoints/20261122-0415-ab12"
 
@@ -84,7 +86,7 @@ def test_multi_worker_mirrored_roles():
         settings = validate(raw)
         node = cls(settings)
         assert "ps" not in settings.cluster_spec
-        assert node.runs_loop() is True and node.steps_per_call() == 20
+        assert node.runs_loop() is True
         assert node.publishes() is node.writes_published_checkpoints() is (role == "chief")
         assert node.prefers_local_checkpoints() is False
         assert settings.training_index == share and settings.num_training_tasks == 3
@@ -111,3 +113,31 @@ def test_all_reduce_uses_nccl_on_gpu_nodes_and_the_ring_on_cpu_nodes(monkeypatch
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: gpus if kind == "GPU" else [])
     options = multi_worker.communication_options()
     assert options.implementation == getattr(tf.distribute.experimental.CommunicationImplementation, implementation)
+
+
+AGREE_PROBE = """
+import sys
+sys.path.insert(0, {train!r})
+from tfc_harness import multi_worker
+from harness_support import example_settings
+from tfc_harness.settings import validate
+import tensorflow as tf
+node = multi_worker.MultiWorkerMirrored(validate(example_settings(strategy="multi_worker_mirrored")))
+node.tf_strategy = tf.distribute.MultiWorkerMirroredStrategy()      # one task, no TF_CONFIG: a local one
+for stop, chunk in ((False, 37), (True, 5), (False, 0), (False, 1 << 40)):
+    print(stop, chunk, *node.agree(stop, chunk))
+"""
+
+
+def test_multi_worker_mirrored_agrees_on_stopping_and_on_the_next_chunk_through_one_reduction(tmp_path):
+    """One task's own values come back (a sum over one task); a chunk is at least 1 and at most MAX_CHUNK.
+    The agreement between several tasks runs in test_e2e_mwms (3 tasks): calls that differed would hang it."""
+    from tfc_harness import multi_worker
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(AGREE_PROBE.format(train=str(TRAIN_DIR)))
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parent)}
+    res = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.splitlines()[-4:] == ["False 37 False 37", "True 5 True 5", "False 0 False 1",
+                                            f"False {1 << 40} False {multi_worker.MAX_CHUNK}"]

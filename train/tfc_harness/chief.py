@@ -150,10 +150,10 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
     watch_s3 = client if strategy.publishes() and strategy.has_serving_tasks else None   # their markers
     with PeerMonitor(settings.peers()) as monitor, \
             watchdogs.StallWatchdog(state, settings.stall_timeout_s or watchdogs.DEFAULT_STALL_TIMEOUT_S), \
-            preemption.Notices(settings, watch_s3, strategy.agree_to_stop) as notices:
+            preemption.Notices(settings, watch_s3, strategy.agree) as notices:
         loop_time = loop.train(train_fn, state, examples_per_step=strategy.examples_per_step(),
                                    checkpoint_every=settings.checkpoint_every, save=save,
-                                   steps_per_call=strategy.steps_per_call(), on_report=job.summaries.training,
+                                   on_report=job.summaries.training,
                                    notices=notices, finite=lambda: all_finite(model.weights + optimizer.variables))
     return Trained(model, restored, loop_time, monitor)
 

@@ -3,8 +3,8 @@
 How steps run is the strategy's ``train(n)`` (:meth:`tfc_harness.strategies.Strategy.make_train_fn`); what
 a step computes is :mod:`tfc_harness.steps`; saving is :class:`tfc_harness.saver.Saver`.  Chunks adapt so
 that each ``train(n)`` call takes about :data:`CHUNK_TARGET_S` (dispatch has a fixed cost per call), never
-crossing a checkpoint boundary; a strategy whose tasks all run this loop in lockstep fixes the chunk size
-instead (:meth:`tfc_harness.strategies.Strategy.steps_per_call`).
+crossing a checkpoint boundary; where the tasks all run this loop in lockstep they agree on each chunk
+(:meth:`tfc_harness.strategies.Strategy.agree`, through :meth:`tfc_harness.preemption.Notices.agree`).
 """
 
 from __future__ import annotations
@@ -85,23 +85,23 @@ def _report(state: ChiefState, progress: Progress, step: int, losses: list[float
 
 
 def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples_per_step: int,
-          checkpoint_every: int, save: Callable[[int], None], steps_per_call: int | None = None,
+          checkpoint_every: int, save: Callable[[int], None],
           on_report: Callable[[int, float, float], None] | None = None, notices=None,
           finite: Callable[[], bool] = lambda: True) -> LoopTime:
     """Run ``train_fn`` from ``state.step`` to ``state.total``; returns how long it took (:class:`LoopTime`).
 
-    ``steps_per_call`` fixes the chunk size (a synchronous strategy's tasks must all call ``train_fn`` with
-    the same sequence of step counts); None adapts it to how long calls take.  ``on_report(step, loss,
+    Chunks adapt to how long calls take (:func:`next_chunk`).  ``on_report(step, loss,
     examples_per_sec)`` is called with each progress line (the TensorBoard summaries).  A loss that is NaN or
     infinite raises :class:`Diverged` before anything of that call is reported or saved, and so does
     ``finite()`` returning False before a save (a step's loss comes before its update, so the weights are
     asked too: :func:`tfc_harness.steps.all_finite`).  ``notices``
-    (:class:`tfc_harness.preemption.Notices`) is asked after each chunk: on a preemption notice the step
-    reached is saved at once and :class:`tfc_harness.preemption.Preempted` raised."""
+    (:class:`tfc_harness.preemption.Notices`) is asked after each chunk for the next one: on a preemption
+    notice the step reached is saved at once and :class:`tfc_harness.preemption.Preempted` raised.  A
+    synchronous strategy's tasks must all pass theirs: its agreement keeps their calls the same."""
     step, total = state.step, state.total
     progress = Progress(total, examples_per_step, start_step=step)
     state.report("training")
-    chunk = steps_per_call or FIRST_CHUNK
+    chunk = FIRST_CHUNK
     first_call: tuple[int, float] | None = None
     saved = step
 
@@ -118,14 +118,17 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
         losses = train_fn(n)
         check_finite(losses, step + 1, step + n, saved)
         step += n
-        chunk = steps_per_call or next_chunk(n, time.monotonic() - started)
+        chunk = next_chunk(n, time.monotonic() - started)
         first_call = first_call or (n, progress.elapsed())
         _report(state, progress, step, losses, on_report)
         if step == boundary:
             save_finite(step)
             saved = step
-        if notices is not None and step < total and notices.stop_now():
-            if step != boundary:
-                save_finite(step)
-            raise Preempted(step, notices.who)
+        if notices is not None and step < total:
+            agreed = notices.agree(chunk)
+            if agreed is None:
+                if step != boundary:
+                    save_finite(step)
+                raise Preempted(step, notices.who)
+            chunk = agreed
     return LoopTime(progress.elapsed(), *(first_call or (0, 0.0)))

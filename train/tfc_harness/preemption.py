@@ -5,10 +5,11 @@ The node's supervisor (``tfc-supervise``) watches the provider's notice (AWS's s
 task as SIGUSR1; the task takes SIGTERM the same way (a shutdown signals every process).  :func:`listen`
 turns either into :data:`NOTICE`.
 
-- A task that runs the training loop asks :meth:`Notices.stop_now` after each chunk of steps; under a
-  synchronous strategy the tasks agree first (the strategy's ``agree_to_stop``: an all-reduce of the flag),
-  so that every task saves the same step.  The loop then saves that step, uploads it and ends with
-  :data:`PREEMPTED_EXIT_CODE`; the next ``make train`` (on replacement nodes: ``make up`` first) resumes it.
+- A task that runs the training loop asks :meth:`Notices.agree` after each chunk of steps; under a
+  synchronous strategy the tasks agree first (the strategy's ``agree``: one all-reduce of the flag and of the
+  next chunk's steps per call), so that every task saves the same step.  The loop then saves that step,
+  uploads it and ends with :data:`PREEMPTED_EXIT_CODE`; the next ``make train`` (on replacement nodes:
+  ``make up`` first) resumes it.
 - A task that only serves (a parameter server, a worker under ``parameter_server``) cannot save: it writes a
   marker ``<run_prefix>/preemption/<role>-<index>`` to S3, which the chief polls (:class:`Notices`).
 """
@@ -80,7 +81,8 @@ class Notices:
     in the background when ``client`` is given) and, through ``agree``, the other training tasks'."""
 
     def __init__(self, settings, client=None, agree=None):
-        self.settings, self.client, self.agree = settings, client, agree or (lambda flag: flag)
+        self.settings, self.client = settings, client
+        self._agree = agree or (lambda stop, chunk: (stop, chunk))
         self.who = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True, name="preemption-notices")
@@ -105,8 +107,11 @@ class Notices:
                 self.who = ", ".join(keys)
                 NOTICE.set()
 
-    def stop_now(self) -> bool:
-        if not self.agree(NOTICE.is_set()):
-            return False
+    def agree(self, chunk: int) -> int | None:
+        """The steps of the next call (this task's ``chunk``, or what the training tasks agreed), or None when
+        they stop now: this task's notice, another's marker, or under a synchronous strategy any task's."""
+        stop, agreed = self._agree(NOTICE.is_set(), chunk)
+        if not stop:
+            return agreed
         self.who = self.who or (f"{self.settings.role} {self.settings.index}" if NOTICE.is_set() else "a peer")
-        return True
+        return None

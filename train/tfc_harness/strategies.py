@@ -184,19 +184,16 @@ class Strategy(abc.ABC):
 
         wait_for_peers(self.settings.peers(), timeout_s)
 
-    def steps_per_call(self) -> int | None:
-        """A fixed ``n`` for every ``train(n)`` call, or None to let the loop adapt it to the time a call
-        takes.  A synchronous strategy fixes it: every task must run the same sequence of calls."""
-        return None
-
     def examples_per_step(self) -> int:
         """Training examples one step consumes (for examples/s)."""
         return self.settings.batch_size
 
-    def agree_to_stop(self, flag: bool) -> bool:
-        """Whether the training tasks stop now, given this task's ``flag`` (a preemption notice).  One task runs
-        the loop here: its own flag; a synchronous strategy makes every task agree."""
-        return flag
+    def agree(self, stop: bool, chunk: int) -> tuple[bool, int]:
+        """Whether the training tasks stop now and how many steps their next ``train(n)`` call runs, from this
+        task's ``stop`` (a preemption notice) and its own ``chunk`` (what its last call's time suggests, see
+        :func:`tfc_harness.loop.next_chunk`).  One task runs the loop here: its own; a synchronous strategy
+        makes its tasks agree, as they must issue the same calls."""
+        return stop, chunk
 
     def prefers_local_checkpoints(self) -> bool:
         """Whether a local checkpoint newer than S3's (its upload failed) is restored instead of S3's.
