@@ -97,8 +97,10 @@ class TerraformModule:
         (self.work_dir / "main.tf.json").write_text(json.dumps(root, indent=2) + "\n")
 
     def _run(self, what: str, fn, *args, **kwargs):
+        # var=None: python-terraform otherwise writes its (empty) variables to a /tmp/*.tfvars.json for every
+        # command and removes it only when terraform returns, so each Ctrl-C left one behind
         with temporary_environment(self._env()):
-            code, out, err = fn(*args, **kwargs)
+            code, out, err = fn(*args, var=None, **kwargs)
         if code != 0:
             raise ProvisionError(f"terraform {what} failed in {self.work_dir} (exit {code}):\n"
                                  f"{(err or '').strip()}\n{(out or '').strip()[-2000:]}".rstrip())

@@ -63,3 +63,27 @@ def test_init_uses_the_committed_lock_read_only_and_refuses_a_provider_it_does_n
     other.write_root({})
     with pytest.raises(ProvisionError, match="(?s)terraform init failed.*(checksum|lock file)"):
         other.init()
+
+
+def test_terraform_commands_write_no_variable_files_to_tmp(tmp_path, monkeypatch):
+    """python-terraform wrote its empty variables to a /tmp/*.tfvars.json around every command and removed it
+    only when terraform returned: every Ctrl-C left one. The module below lists the temporary directory from
+    inside the apply, while such a file would exist."""
+    import tempfile
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    module = tmp_path / "module"
+    module.mkdir()
+    seen = tmp_path / "seen.txt"
+    (module / "main.tf").write_text(
+        'resource "terraform_data" "probe" {\n'
+        f'  provisioner "local-exec" {{\n    command = "ls -A {temp} > {seen}"\n  }}\n}}\n')
+    (module / "outputs.tf").write_text('output "nodes" {\n  value = {}\n}\n')
+    tf = TerraformModule(module, tmp_path / "work")
+    tf.write_root({})
+    tf.apply()
+    assert seen.read_text() == ""
+    tf.destroy()
+    assert list(temp.iterdir()) == []
