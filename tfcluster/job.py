@@ -7,9 +7,10 @@ inside tfcluster, and a crash in it must not take tfcluster down):
   result is cached under the cache root, keyed by the module's and the harness's content and the job's
   settings, so a second ``up`` with the same module does not import TensorFlow again;
 * :func:`prepare` (``train``, when a run starts): the run's data (stored by content, or listed and
-  assigned to workers) and a check of model, loss and metrics on a few real examples; for module arrays a
-  passed check is recorded under the cache root (``_jobchecks/probes``), so a later run of the same module,
-  hparams and examples skips it and its TensorFlow import.
+  assigned to workers) and a check of model, loss and metrics on a few real examples; a passed check is
+  recorded under the cache root (``_jobchecks/probes``), so a later run of the same module and hparams on
+  the same examples (module arrays) or the same files (keys, ETags and sizes) skips it and its TensorFlow
+  import.
 """
 
 from __future__ import annotations

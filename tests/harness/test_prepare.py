@@ -199,34 +199,39 @@ RUN_AND_SAY_IF_TENSORFLOW = ("import sys; from tfc_harness import prepare; rc = 
                              "print('tensorflow imported:', 'tensorflow' in sys.modules); sys.exit(rc)")
 
 
-def _run_arrays_job(args: dict, **env) -> subprocess.CompletedProcess:
+def _run_job(args: dict, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", RUN_AND_SAY_IF_TENSORFLOW, json.dumps(args)], capture_output=True,
                           text=True, env=node_env(dict(S3_CREDENTIALS, **env)), timeout=120)
 
 
-def test_a_passed_check_of_module_arrays_is_not_run_again(store, tmp_path):
-    args = dict(job(tmp_path, store, ARRAYS_MODEL, "", "", "csv"), data=None, probe_cache=str(tmp_path / "probes"))
+def _run_twice(args: dict) -> list[tuple[dict, str]]:
+    """Each run's result and whether it imported TensorFlow."""
     outcomes = []
     for _ in range(2):
-        proc = _run_arrays_job(args)
+        proc = _run_job(args)
         assert proc.returncode == 0, proc.stderr[-2000:]
         result, imported = proc.stdout.splitlines()[-2:]
         outcomes.append((json.loads(result), imported))
-    (first, first_imported), (second, second_imported) = outcomes
+    return outcomes
+
+
+def test_a_passed_check_of_module_arrays_is_not_run_again(store, tmp_path):
+    args = dict(job(tmp_path, store, ARRAYS_MODEL, "", "", "csv"), data=None, probe_cache=str(tmp_path / "probes"))
+    (first, first_imported), (second, second_imported) = _run_twice(args)
     assert first["probe"] == "checked" and first_imported == "tensorflow imported: True"
     assert second["probe"] == "cached" and second_imported == "tensorflow imported: False"   # not the second time
     assert second["dataset_prefix"] == first["dataset_prefix"] and len(list((tmp_path / "probes").iterdir())) == 1
 
     # other examples, the module file unchanged, are checked again: a label of 3 fails a 3-class loss
-    proc = _run_arrays_job(args, TEST_LABELS="0,1,3,0")
+    proc = _run_job(args, TEST_LABELS="0,1,3,0")
     assert proc.returncode == 2 and "the loss fails on labels of shape (4,)" in proc.stderr, proc.stderr[-2000:]
     assert len(list((tmp_path / "probes").iterdir())) == 1                      # a failed check leaves no stamp
-    proc = _run_arrays_job(args, TEST_LABELS="2,1,0,0")
+    proc = _run_job(args, TEST_LABELS="2,1,0,0")
     assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-2])["probe"] == "checked", proc.stderr
 
     # another model in the same file is checked again: 2 classes while the labels go up to 2 fails the loss
     (tmp_path / "job.py").write_text(textwrap.dedent(ARRAYS_MODEL.replace("CLASSES = 3", "CLASSES = 2")))
-    proc = _run_arrays_job(args)
+    proc = _run_job(args)
     assert proc.returncode == 2 and "the loss fails on labels of shape (4,)" in proc.stderr, proc.stderr[-2000:]
     assert len(list((tmp_path / "probes").iterdir())) == 2
 
@@ -236,3 +241,34 @@ def test_a_stamp_that_cannot_be_written_only_means_checking_again(tmp_path, caps
     blocked.write_text("")
     prepare._write_stamp(blocked / "key.passed")
     assert "warning: could not record the passed check" in capsys.readouterr().err
+
+
+def test_a_passed_check_of_files_is_not_run_again_until_a_file_changes(store, tmp_path):
+    """The stamp of a files job holds the whole result: the second run lists the files and imports neither
+    the module (which imports keras) nor TensorFlow. A file written again (another ETag) is checked again,
+    and a check that fails there leaves no stamp."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=store, region_name="us-east-1", aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
+    for i in range(2):
+        s3.put_object(Bucket=BUCKET, Key=f"csv/stamp/train-{i}.csv", Body=b"a,b,target\n1,2,3\n4,5,6\n")
+    s3.put_object(Bucket=BUCKET, Key="csv/stamp/test-0.csv", Body=b"a,b,target\n1,2,3\n")
+    args = dict(job(tmp_path, store, CSV_MODEL, "csv/stamp/train-*", "csv/stamp/test-*", "csv"),
+                probe_cache=str(tmp_path / "probes"))
+    (first, first_imported), (second, second_imported) = _run_twice(args)
+    assert first["probe"] == "checked" and first_imported == "tensorflow imported: True"
+    assert second["probe"] == "cached" and second_imported == "tensorflow imported: False"
+    assert dict(second, probe="checked") == first and first["data"]["columns"] == ["a", "b", "target"]
+
+    # the same job on 1 training task: its own assignment, checked again
+    proc = _run_job(dict(args, workers=1))
+    assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-2])["probe"] == "checked", proc.stderr
+    assert [len(w) for w in json.loads(proc.stdout.splitlines()[-2])["data"]["train"]] == [2]
+
+    # a test file written again with a text value: checked again, and refused
+    s3.put_object(Bucket=BUCKET, Key="csv/stamp/test-0.csv", Body=b"a,b,target\n1,high,3\n")
+    stamps = len(list((tmp_path / "probes").iterdir()))
+    proc = _run_job(args)
+    assert proc.returncode == 2 and "reading its first records with CSV parsing failed" in proc.stderr, proc.stderr
+    assert len(list((tmp_path / "probes").iterdir())) == stamps

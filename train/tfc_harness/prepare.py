@@ -13,11 +13,13 @@ Nothing is read from storage.  ``validate`` and ``up`` run it.
   (disjoint, balanced by size), reads a CSV header;
 
 then reads a few test and training examples, builds the model and runs it, its loss and its metrics on
-them (:func:`tfc_harness.usermodel.check_batch`).  ``train`` runs it when a run starts.  For module arrays,
-a passed check leaves a stamp in ``probe_cache`` (when the job names one) keyed by the module, the hparams,
-the examples checked, the harness files that check them and the TensorFlow, Keras and NumPy releases: a later
-run of the same job finds it and does not import TensorFlow (~3 s here); a change to any of those checks
-again (not a change to another file the module imports or reads: see :func:`_probe_stamp`).
+them (:func:`tfc_harness.usermodel.check_batch`).  ``train`` runs it when a run starts.  A passed check
+leaves a stamp in ``probe_cache`` (when the job names one) keyed by the module, the hparams, the examples
+checked (module arrays) or the data settings, the number of training tasks and every file's key, ETag and
+size (files), the harness files that check them and the TensorFlow, Keras and NumPy releases: a later run of
+the same job finds it and does not import TensorFlow (~3 s here); for files the stamp holds the whole result,
+so only the listing runs again.  A change to any of those checks again (not a change to another file the
+module imports or reads: see :func:`_probe_stamp`).
 
 The JSON argument: ``{"module": path, "hparams": {}, "data": {"train", "test", "format", "label"} | null,
 "workers": n, "bucket", "endpoint", "region", "whole_object_gets": bool (optional: the local store, see
@@ -78,16 +80,30 @@ def run(job: dict) -> dict:
     "probe"}`` (``probe``: ``checked``, or ``cached`` when this job's check had passed before).
     Nothing is stored before the model, its loss and its metrics have worked on a few real examples.  For
     module arrays ``make_dataset()`` runs before that check (its examples are part of the stamp's key);
-    ``validate`` and ``up`` have checked the module's interface before anything else."""
+    for files the listing does (their keys, ETags and sizes are); ``validate`` and ``up`` have checked the
+    module's interface before anything else."""
     source = usermodel.resolve_path(job["module"]).read_bytes()   # the bytes imported are the bytes keyed
+    if job.get("data"):
+        return _run_files(job, source)
     module = usermodel.load(job["module"])   # imported once: the user's module-level code runs once
-    return _run_files(job, module) if job.get("data") else _run_arrays(job, module, source)
+    return _run_arrays(job, module, source)
 
 
-def _run_files(job: dict, module: ModuleType) -> dict:
+def _run_files(job: dict, source: bytes) -> dict:
+    """A stamp of the same job on the same listing holds the whole result: neither the module nor
+    TensorFlow is imported, and no file is read."""
+    client = _client(job)
+    listing = _listing(client, job)
+    stamp = _probe_stamp(job, source, json.dumps([job["data"], job["workers"], listing], sort_keys=True).encode())
+    cached = _read_stamp(stamp)
+    if cached is not None:
+        return dict(cached, probe="cached")
+    module = usermodel.load(job["module"])
     check(job, module)
-    result, (x, y) = _files(_client(job), job, module)
+    result, (x, y) = _files(client, job, module, listing)
     _check_on(module, job, x, y)
+    if stamp is not None:
+        _write_stamp(stamp, json.dumps(result))
     return dict(result, probe="checked")
 
 
@@ -95,7 +111,7 @@ def _run_arrays(job: dict, module: ModuleType, source: bytes) -> dict:
     _check_data_source(job, module)
     splits = data.splits_from_module(module)
     x, y = (a[:PROBE_EXAMPLES] for a in splits["test"])
-    stamp = _probe_stamp(job, source, x, y)
+    stamp = _probe_stamp(job, source, *(f"{a.dtype.str}{a.shape}".encode() + a.tobytes() for a in (x, y)))
     cached = stamp is not None and stamp.exists()
     if not cached:
         check(job, module)
@@ -133,8 +149,9 @@ def code_digest(source: bytes):
     return digest
 
 
-def _probe_stamp(job: dict, source: bytes, x, y) -> Path | None:
-    """Where a passed check of this job on these examples is recorded; None without ``probe_cache``.
+def _probe_stamp(job: dict, source: bytes, *examples: bytes) -> Path | None:
+    """Where a passed check of this job on these ``examples`` is recorded (the module's arrays; for files,
+    the data settings, the number of training tasks and the listing); None without ``probe_cache``.
 
     The key is the module file's ``source``, the hparams, the examples, :data:`CHECK_CODE`, Python's,
     TensorFlow's, Keras's and NumPy's releases and ``KERAS_BACKEND``; not other files the module imports or
@@ -143,9 +160,9 @@ def _probe_stamp(job: dict, source: bytes, x, y) -> Path | None:
         return None
     digest = code_digest(source)
     digest.update(json.dumps(job.get("hparams") or {}, sort_keys=True).encode())
-    for array in (x, y):
-        digest.update(f"{array.dtype.str}{array.shape}".encode())
-        digest.update(array.tobytes())
+    for part in examples:
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
     digest.update(f"{sys.version_info[:2]} {_release(*TENSORFLOW_DISTRIBUTIONS)} {_release('keras')} "
                   f"{_release('numpy')} {os.environ.get('KERAS_BACKEND', '')}".encode())
     return Path(job["probe_cache"]) / f"{digest.hexdigest()}.passed"
@@ -160,16 +177,27 @@ def _release(*names: str) -> str:
     return "none"
 
 
-def _write_stamp(stamp: Path) -> None:
-    """Record a passed check; a stamp that cannot be written (a read-only or full cache) only means the next
-    run checks again."""
+def _write_stamp(stamp: Path, content: str = "") -> None:
+    """Record a passed check (with ``content``: what it found); a stamp that cannot be written (a read-only or
+    full cache) only means the next run checks again."""
     try:
         stamp.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=stamp.parent, prefix=".stamp.", suffix=".tmp")
-        os.close(fd)
+        with os.fdopen(fd, "w") as f:
+            f.write(content)
         os.replace(tmp, stamp)
     except OSError as exc:
         print(f"warning: could not record the passed check in {stamp.parent}: {exc}", file=sys.stderr, flush=True)
+
+
+def _read_stamp(stamp: Path | None) -> dict | None:
+    """What a passed check of files recorded, or None (no stamp, or one that cannot be read: check again)."""
+    if stamp is None:
+        return None
+    try:
+        return json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _store_arrays(client, job: dict, splits: dict) -> dict:
@@ -192,9 +220,9 @@ def _listed(client, field: str, url: str) -> tuple[str, list[dict]]:
     return bucket, files
 
 
-def _files(client, job: dict, module: ModuleType):
-    from . import sources
-
+def _listing(client, job: dict) -> dict:
+    """The files of both splits: ``{"bucket", "train": [...], "test": [...]}`` (:func:`sources.list_files`),
+    each split matching something, both in one bucket, no file in both."""
     spec = job["data"]
     bucket, train = _listed(client, "data.train", spec["train"])
     test_bucket, test = _listed(client, "data.test", spec["test"])
@@ -204,6 +232,14 @@ def _files(client, job: dict, module: ModuleType):
     shared = sorted({f["key"] for f in train} & {f["key"] for f in test})
     if shared:
         raise DataError(f"data.train and data.test both match s3://{bucket}/{shared[0]}: the splits must be disjoint")
+    return {"bucket": bucket, "train": train, "test": test}
+
+
+def _files(client, job: dict, module: ModuleType, listing: dict):
+    from . import sources
+
+    spec = job["data"]
+    bucket, train, test = listing["bucket"], listing["train"], listing["test"]
     try:
         assigned = sources.assign(train, job["workers"])
     except ValueError as exc:
