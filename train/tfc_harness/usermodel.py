@@ -9,7 +9,7 @@ The contract (documented for users in ``train/README.md``, "The model module")::
                                         #   default: sparse categorical cross-entropy (from logits: FROM_LOGITS)
     def metrics(): ...                  # Keras metrics on the test split, the first is the headline;
                                         #   default: accuracy with the default loss, none (the loss) otherwise
-    def make_optimizer(learning_rate): ...   # optional, default Adam
+    def make_optimizer(learning_rate): ...   # optional, default Adam (optimizers.LockedAdam)
     FROM_LOGITS = True                  # optional, version 1: whether build_model outputs logits
 
 Data comes from ``make_dataset()`` or from files in object storage (the cluster file's ``data:``, read with
@@ -127,10 +127,11 @@ def from_logits(module: ModuleType) -> bool:
 
 
 def make_optimizer(module: ModuleType, learning_rate: float):
-    """The module's ``make_optimizer(learning_rate)``, or ``keras.optimizers.Adam``."""
+    """The module's ``make_optimizer(learning_rate)``, or Keras's Adam with atomic updates
+    (:class:`tfc_harness.optimizers.LockedAdam`)."""
     if getattr(module, "make_optimizer", None) is None:
-        import keras
-        return keras.optimizers.Adam(learning_rate=learning_rate)
+        from .optimizers import LockedAdam
+        return LockedAdam(learning_rate=learning_rate)
     optimizer = call(module, "make_optimizer", learning_rate)
     if not callable(getattr(optimizer, "apply_gradients", None)):
         raise fail(module, "make_optimizer", f"returned {type(optimizer).__name__}, not a Keras optimizer")

@@ -1,0 +1,80 @@
+"""The default optimizer (tfc_harness.optimizers.LockedAdam): Keras's Adam arithmetic, each update atomic."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import types
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
+
+
+def _trained(optimizer_cls, steps: int = 40, **options):
+    """A Dense layer and an Embedding trained by ``optimizer_cls`` on fixed random gradients."""
+    import keras
+    import tensorflow as tf
+
+    rng = np.random.default_rng(7)
+    dense = keras.Variable(rng.normal(size=(3, 4)).astype(np.float32))
+    table = keras.Variable(rng.normal(size=(6, 2)).astype(np.float32))
+    optimizer = optimizer_cls(learning_rate=0.01, **options)
+    for _ in range(steps):
+        rows = rng.integers(0, 6, size=3)
+        sparse = tf.IndexedSlices(tf.constant(rng.normal(size=(3, 2)).astype(np.float32)), tf.constant(rows),
+                                  tf.constant([6, 2]))
+        optimizer.apply_gradients([(tf.constant(rng.normal(size=(3, 4)).astype(np.float32)), dense),
+                                   (sparse, table)])
+    return dense.numpy(), table.numpy()
+
+
+@pytest.mark.parametrize("options", [{}, {"amsgrad": True}, {"weight_decay": 0.01, "clipnorm": 1.0}])
+def test_it_does_kerass_adam_arithmetic(options):
+    import keras
+    from tfc_harness.optimizers import LockedAdam
+
+    for ours, theirs in zip(_trained(LockedAdam, **options), _trained(keras.optimizers.Adam, **options), strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_two_concurrent_updates_never_divide_by_epsilon():
+    """Two threads update one variable at once, as two workers' steps do on a parameter server: one with a
+    gradient of 1 on a new coordinate each step (its first non-zero one), one with zeros. Keras's Adam here
+    moved 1 to 20 of 20,000 coordinates by ~1,591 in one step (its step read ``m`` with the other update's
+    gradient in it and ``v`` without); every LockedAdam update moves a coordinate by a few hundredths at
+    most."""
+    import keras
+    import tensorflow as tf
+    from tfc_harness.optimizers import LockedAdam
+
+    size = 20_000
+    weights = keras.Variable(np.zeros(size, np.float32))
+    optimizer = LockedAdam(learning_rate=0.002)
+    optimizer.build([weights])
+    optimizer.iterations.assign(1000)
+
+    @tf.function
+    def step(gradient):
+        optimizer.update_step(gradient, weights.value, tf.constant(0.002))
+
+    step(tf.zeros(size))            # traced once, before the threads
+    threads = [threading.Thread(target=lambda: [step(tf.one_hot(k, size)) for k in range(size)]),
+               threading.Thread(target=lambda: [step(tf.zeros(size)) for _ in range(size)])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads)
+    moved = np.abs(weights.numpy())
+    assert moved.max() < 0.1, (moved.max(), int((moved > 1).sum()))
+    assert (moved > 0.01).sum() > size // 2      # every coordinate trained (the zeros only decay its moments)
+
+
+def test_a_module_without_make_optimizer_gets_it():
+    from tfc_harness import usermodel
+    from tfc_harness.optimizers import LockedAdam
+
+    optimizer = usermodel.make_optimizer(types.ModuleType("mine"), 0.003)
+    assert isinstance(optimizer, LockedAdam) and float(optimizer.learning_rate) == pytest.approx(0.003)
