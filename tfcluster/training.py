@@ -124,7 +124,7 @@ def run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
     }
 
 
-def _progress_line(task: dict, sup: dict, eta_s: float | None, data_mb_s: float | None = None) -> str:
+def _progress_line(task: dict, sup: dict, eta_s: float | None, data: str | None = None) -> str:
     if not task:
         return f"  [{sup.get('state', 'starting')}] waiting for the chief's first report"
     step, total = task.get("step", 0), task.get("total", 0) or 1
@@ -133,8 +133,8 @@ def _progress_line(task: dict, sup: dict, eta_s: float | None, data_mb_s: float 
         parts.append(f"loss {task['loss']:.4f}")
     if task.get("examples_per_sec"):
         parts.append(f"{task['examples_per_sec']:.0f} examples/s")
-    if data_mb_s is not None:
-        parts.append(f"data from S3 {data_mb_s:.1f} MB/s")
+    if data is not None:
+        parts.append(data)
     if eta_s is not None:
         parts.append(f"eta {eta_s:.0f}s")
     if sup.get("restarts"):
@@ -158,6 +158,7 @@ class ChiefWatch:
         self.on_training, self.on_loop_end = on_training, on_loop_end
         self.last_line, self.misses, self.errors, self.first = "", 0, 0, None
         self.streamers, self.data_mb_s, self.data_due, self.data_since = list(streamers), None, 0.0, None
+        self.data_kept = False
 
     def __call__(self) -> dict | None:
         try:
@@ -176,7 +177,7 @@ class ChiefWatch:
             return None
         self.misses = 0
         sup, task = got.get("supervisor", {}), got.get("task") or {}
-        self._show(_progress_line(task, sup, self._eta(task), self._data_rate()))
+        self._show(_progress_line(task, sup, self._eta(task), self._data_text()))
         phase, step = task.get("phase"), task.get("step", 0)
         if self.on_training and phase == "training" and step > 0:
             self.on_training, call = None, self.on_training
@@ -187,6 +188,12 @@ class ChiefWatch:
             call()
         return got if sup.get("state") in TERMINAL_TASK_STATES else None
 
+    def _data_text(self) -> str | None:
+        rate = self._data_rate()
+        if self.data_kept:
+            return "data read again from the workers' disks"
+        return None if rate is None else f"data from S3 {rate:.1f} MB/s"
+
     def _data_rate(self) -> float | None:
         """The workers' summed S3 read rate (workers streaming files only), looked up every FIRST_DATA_POLL_S
         until a worker reports one (a worker refreshes it every second) or FIRST_DATA_WINDOW_S have passed,
@@ -194,16 +201,19 @@ class ChiefWatch:
         if not self.streamers or time.monotonic() < self.data_due:
             return self.data_mb_s
         self.data_since = self.data_since or time.monotonic()
-        rates = []
+        rates, kept = [], 0
         for node in self.streamers:
             try:
                 got = remote.task_status(self.state, node, timeout=10) or {}
             except remote.NodeCommandError:
                 continue
-            rate = ((got.get("task") or {}).get("data") or {}).get("mb_per_s")
-            if rate is not None:
-                rates.append(rate)
+            data = (got.get("task") or {}).get("data") or {}
+            if data.get("all_kept"):        # its files are on its disk: it reads nothing from S3 any more
+                kept += 1
+            elif data.get("mb_per_s") is not None:
+                rates.append(data["mb_per_s"])
         self.data_mb_s = sum(rates) if rates else self.data_mb_s
+        self.data_kept = kept > 0 and not rates
         early = self.data_mb_s is None and time.monotonic() - self.data_since < FIRST_DATA_WINDOW_S
         self.data_due = time.monotonic() + (FIRST_DATA_POLL_S if early else DATA_POLL_S)
         return self.data_mb_s
@@ -694,6 +704,8 @@ def _stream_text(d: dict) -> str:
     """A worker's data stream in `make status`: rate, epoch, bytes read, and its error if it stopped."""
     text = (f", data from S3 {d.get('mb_per_s') or 0:.1f} MB/s (epoch {d.get('epoch', 0)}, "
             f"{(d.get('bytes') or 0) / 1e6:.0f} MB read)")
+    if "reused" in d:
+        text += f", files kept on its disk: {d['reused']} reads of them"
     return text + (f", error: {d['error']}" if d.get("error") else "")
 
 

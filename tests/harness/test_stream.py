@@ -138,11 +138,17 @@ def test_prefetcher_arguments(s3_client):
         stream.Prefetcher(s3_client, "b", [{"key": "k", "size": 1}], ahead=0)
 
 
-def test_every_record_once_per_epoch_through_a_window_of_ahead_plus_one_files(s3_client, bucket, tmp_path):
+@pytest.mark.parametrize("keep", [False, True], ids=["streamed", "kept"])
+def test_every_record_once_per_epoch_through_a_window_of_ahead_plus_one_files(s3_client, bucket, tmp_path, keep):
+    """Kept: the same records, order and window, but each file is downloaded once (its later epochs' names are
+    links to ``kept/``)."""
     counts = [3, 4, 5, 6, 7]
     files = _upload_records(s3_client, bucket, tmp_path, counts)
     directory = tmp_path / "stream"
-    prefetcher = stream.Prefetcher(s3_client, bucket, files, directory, ahead=2, seed=7, poll_s=0.01)
+    total = sum(f["size"] for f in files)
+    prefetcher = stream.Prefetcher(s3_client, bucket, files, directory, ahead=2, seed=7, poll_s=0.01,
+                                   keep_bytes=total if keep else total - 1)
+    assert prefetcher.keeps is keep
     read = formats.reader("tfrecord", decode=lambda record: (record, tf.constant(0)))
     epochs, samples = 3, []
     records = []
@@ -170,10 +176,17 @@ def test_every_record_once_per_epoch_through_a_window_of_ahead_plus_one_files(s3
     # The reader is on the epochs' last file, or on the next one when its parallel map read ahead.
     position = stream.read_position(directory)
     assert position in (epochs * len(files) - 1, epochs * len(files))
-    downloaded = position + 2 + 1
-    in_order = [f for e in range(epochs + 1) for f in prefetcher.epoch_order(e)][:downloaded]
-    assert final == {"bytes": sum(f["size"] for f in in_order), "mb_per_s": final["mb_per_s"],
-                     "epoch": epochs, "files": downloaded, "error": None}
+    served = position + 2 + 1
+    in_order = [f for e in range(epochs + 1) for f in prefetcher.epoch_order(e)][:served]
+    if keep:
+        assert final == {"bytes": total, "mb_per_s": final["mb_per_s"], "epoch": epochs, "files": len(files),
+                         "error": None, "reused": served - len(files), "all_kept": True}
+        assert sorted(p.read_bytes() for p in (directory / stream.KEPT).iterdir()) == \
+            sorted(s3_client.get_object(Bucket=bucket, Key=f["key"])["Body"].read() for f in files)
+    else:
+        assert final == {"bytes": sum(f["size"] for f in in_order), "mb_per_s": final["mb_per_s"],
+                         "epoch": epochs, "files": served, "error": None}
+        assert not (directory / stream.KEPT).exists()
     assert final["mb_per_s"] > 0
     assert [s["bytes"] for s in samples] == sorted(s["bytes"] for s in samples)
     assert samples[0]["bytes"] < samples[-1]["bytes"] and samples[0]["epoch"] < samples[-1]["epoch"]
@@ -202,14 +215,22 @@ def test_files_are_deleted_once_the_reader_has_passed_them(s3_client, bucket, tm
 
 
 def test_start_clears_what_an_earlier_run_left(s3_client, bucket, tmp_path):
+    """Its data files, partial downloads and position; its kept files too (another run's data)."""
     files = _upload_records(s3_client, bucket, tmp_path, [1])
     directory = tmp_path / "stream"
     directory.mkdir()
     for stale in ("7.data", ".3.data.part", stream.POSITION):
         (directory / stale).write_bytes(b"old")
-    prefetcher = stream.Prefetcher(s3_client, bucket, files, directory, ahead=1).start()
+    (directory / stream.KEPT).mkdir()
+    (directory / stream.KEPT / "0").write_bytes(b"another run's file 0")
+    prefetcher = stream.Prefetcher(s3_client, bucket, files, directory, ahead=1, keep_bytes=1 << 20).start()
     try:
         assert not (directory / "7.data").exists() and not (directory / ".3.data.part").exists()
+        deadline = time.monotonic() + 10
+        while not (directory / stream.KEPT / "0").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (directory / stream.KEPT / "0").read_bytes() == \
+            s3_client.get_object(Bucket=bucket, Key=files[0]["key"])["Body"].read()
         assert stream.read_position(directory) is None
     finally:
         prefetcher.stop()
@@ -271,3 +292,14 @@ def test_test_batches_raise_the_transfer_error(s3_client, bucket, tmp_path):
     read = formats.reader("csv", columns=["a", "target"], label="target")
     with pytest.raises(s3io.TransferError, match="t/none.csv"):
         list(stream.test_batches(s3_client, bucket, files, read, tmp_path, 4))
+
+
+def test_the_keep_budget_is_at_most_a_quarter_of_the_free_disk(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100 << 30, 0, 40 << 30))
+    assert stream.keep_budget(tmp_path / "stream") == stream.KEEP_BYTES == 1 << 30
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100 << 30, 0, 2 << 30))
+    assert stream.keep_budget(tmp_path / "stream") == 512 << 20

@@ -251,6 +251,23 @@ def test_the_chief_watch_looks_up_the_workers_read_rate_often_until_one_reports_
     assert "data from S3 42.5 MB/s" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("second, shown", [
+    ({"mb_per_s": 7.5, "all_kept": True, "reused": 4}, "data read again from the workers' disks"),
+    ({"mb_per_s": 3.0}, "data from S3 3.0 MB/s"),       # the other still reads from S3: its rate alone
+])
+def test_the_chief_watch_says_when_the_workers_read_their_kept_files(state, monkeypatch, capsys, second, shown):
+    workers = [NODES[1], Node("c-worker-1", "worker", 1, "10.0.0.12", "10.0.0.12", "debian", 22, 0)]
+    data = {workers[0].name: {"mb_per_s": 9.0, "all_kept": True, "reused": 2}, workers[1].name: second}
+
+    def status(_state, node, timeout=None):
+        return {"task": {"data": data[node.name]}} if node in workers else _report("training", 3)
+
+    monkeypatch.setattr(training.remote, "task_status", status)
+    training.ChiefWatch(state, NODES[0], 1.0, streamers=workers)()
+    out = capsys.readouterr().out
+    assert shown in out and out.count("data ") == 1, out
+
+
 def test_the_chief_watch_asks_a_silent_worker_for_its_rate_often_only_at_first(state, monkeypatch):
     clock = [100.0]
     monkeypatch.setattr(training.time, "monotonic", lambda: clock[0])

@@ -171,12 +171,14 @@ class FileInput:
 
         s = self.settings
         mine = [f.model_dump() for f in self.files.train[s.training_index]]
-        prefetcher = stream.Prefetcher(self.client, self.files.bucket, mine, Path(s.state_dir) / stream.STREAM_DIR,
-                                       ahead=PREFETCH_FILES, seed=s.training_index)
+        directory = Path(s.state_dir) / stream.STREAM_DIR
+        prefetcher = stream.Prefetcher(self.client, self.files.bucket, mine, directory, ahead=PREFETCH_FILES,
+                                       seed=s.training_index, keep_bytes=stream.keep_budget(directory))
         prefetcher.start()
         size = sum(f["size"] for f in mine)
+        kept = "; each downloaded once and kept for the later epochs" if prefetcher.keeps else ""
         print(f"{s.role} {s.index}: streaming {len(mine)} files ({size / 1e6:.1f} MB) from "
-              f"s3://{self.files.bucket}/", flush=True)
+              f"s3://{self.files.bucket}/{kept}", flush=True)
         return prefetcher
 
     def describe(self) -> dict:

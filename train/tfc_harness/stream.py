@@ -6,7 +6,10 @@ Two sides meet in a directory (:data:`STREAM_DIR`, relative: each harness proces
   endless sequence of epochs (each epoch's file order shuffled with ``seed + epoch``) as ``<seq>.data``
   (written to a temp name, then renamed), at most ``ahead`` files past the reader's position, and deletes
   the files the reader has passed.  So at most ``ahead + 1`` data files are on disk, whatever the data set's
-  size, and nothing holds a file in memory.
+  size, and nothing holds a file in memory.  When the worker's files hold at most ``keep_bytes`` (see
+  :func:`keep_budget`), each is downloaded once: its first download gets a second name in ``kept/``, and
+  each later epoch's ``<seq>.data`` is a new link to it (no S3 request; deleting a passed name leaves the
+  kept one).
 * :func:`file_names`, the dataset the reader pulls file names from.  It is traced on the chief and runs on
   each worker under ``ParameterServerStrategy`` (``create_per_worker_dataset``), where no Python runs: it
   is made of TensorFlow graph ops only.  It polls (a ``SleepDataset`` between ``tf.io.matching_files``
@@ -25,7 +28,9 @@ eagerly, numpy batches out.
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import shutil
 import threading
 import time
 from collections import deque
@@ -37,6 +42,9 @@ from . import s3io
 STREAM_DIR = "data/stream"
 POSITION = "position"
 SUFFIX = ".data"
+KEPT = "kept"
+#: the most bytes of files a worker keeps for its later epochs (and at most a quarter of the free disk)
+KEEP_BYTES = 1 << 30
 RECENT = 8        # downloads that stats()["mb_per_s"] averages over
 _NO_END = 2 ** 62
 _GLOB_CHARS = "*?[\\"
@@ -60,19 +68,29 @@ def read_position(directory: str | Path) -> int | None:
 
 
 def clear(directory: str | Path) -> None:
-    """Create ``directory``; remove data files, partial downloads and the position left by an earlier run."""
+    """Create ``directory``; remove data files, partial downloads, kept files and the position left by an
+    earlier run."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     for stale in itertools.chain(folder.glob(f"*{SUFFIX}"), folder.glob(f".*{SUFFIX}.part")):
         stale.unlink(missing_ok=True)
     (folder / POSITION).unlink(missing_ok=True)
+    shutil.rmtree(folder / KEPT, ignore_errors=True)
+
+
+def keep_budget(directory: str | Path) -> int:
+    """How many bytes of files a worker streaming into ``directory`` may keep: :data:`KEEP_BYTES`, and no more
+    than a quarter of the disk space free there."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    return min(KEEP_BYTES, shutil.disk_usage(folder).free // 4)
 
 
 class Prefetcher:
     """Downloads ``files`` (``[{"key", "size", ...}]``) ahead of the reader of :func:`file_names`."""
 
     def __init__(self, s3_client, bucket: str, files: list[dict], directory: str | Path = STREAM_DIR,
-                 ahead: int = 3, seed: int = 0, *, poll_s: float = 0.05):
+                 ahead: int = 3, seed: int = 0, *, poll_s: float = 0.05, keep_bytes: int = 0):
         if not files:
             raise ValueError("no files to stream")
         if ahead < 1:
@@ -80,6 +98,10 @@ class Prefetcher:
         self.client, self.bucket, self.directory = s3_client, bucket, Path(directory)
         self.files = sorted(files, key=lambda f: f["key"])
         self.ahead, self.seed, self.poll_s = ahead, seed, poll_s
+        #: whether each file is downloaded once and kept (``kept/<its index in files>``): they fit ``keep_bytes``
+        self.keeps = sum(f["size"] for f in self.files) <= keep_bytes
+        self._slots = {f["key"]: i for i, f in enumerate(self.files)}
+        self._reused = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -108,12 +130,16 @@ class Prefetcher:
         return self._thread is not None and self._thread.is_alive()
 
     def stats(self) -> dict:
-        """Bytes and files downloaded, the epoch being downloaded (from 0), recent MB/s (1e6 B), error."""
+        """Bytes and files downloaded, the epoch being downloaded (from 0), recent MB/s (1e6 B), error; with
+        kept files also ``reused`` (the files served from them) and ``all_kept`` (no more downloads)."""
         with self._lock:
             seconds = sum(s for _, s in self._recent)
             rate = sum(b for b, _ in self._recent) / seconds / 1e6 if seconds > 0 else 0.0
-            return {"bytes": self._bytes, "mb_per_s": round(rate, 3), "epoch": self._epoch,
-                    "files": self._files, "error": self._error}
+            stats = {"bytes": self._bytes, "mb_per_s": round(rate, 3), "epoch": self._epoch,
+                     "files": self._files, "error": self._error}
+            if not self.keeps:
+                return stats
+            return dict(stats, reused=self._reused, all_kept=self._files == len(self.files))
 
     def epoch_order(self, epoch: int) -> list[dict]:
         order = list(self.files)
@@ -155,9 +181,18 @@ class Prefetcher:
         self._kept = max(self._kept, self._position)
 
     def _download(self, f: dict, seq: int) -> None:
+        kept = self.directory / KEPT / str(self._slots[f["key"]])
+        if self.keeps and kept.exists():
+            os.link(kept, data_path(self.directory, seq))     # the whole file appears at once, as a rename's
+            with self._lock:
+                self._reused += 1
+            return
         started = time.monotonic()
         path = s3io.download_file(self.client, self.bucket, f["key"], data_path(self.directory, seq))
         took, size = time.monotonic() - started, path.stat().st_size
+        if self.keeps:
+            kept.parent.mkdir(exist_ok=True)
+            os.link(path, kept)
         with self._lock:
             self._bytes += size
             self._files += 1
