@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import tarfile
 
-from tests.unit.test_warm_start import _supervise_module
+from tests.unit.supervise import supervise_module
 from tfcluster import collected
 
 
@@ -71,7 +71,7 @@ def test_a_member_larger_than_the_supervisor_writes_is_not_written_out(tmp_path)
 
 
 def test_the_controller_takes_what_the_supervisor_archives():
-    module = _supervise_module()
+    module = supervise_module()
     assert set(module.COLLECTED) == set(collected.NAMES)
     for name, limit in module.COLLECTED.items():    # the log's first line says what stayed on the node
         assert limit <= collected.NAMES[name] <= limit + 4096, name

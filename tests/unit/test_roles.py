@@ -19,9 +19,9 @@ import yaml
 
 from tests.conftest import REPO
 from tests.imds import FakeImds
+from tests.unit.supervise import SUPERVISE
 
 ROLES = sorted(p for p in (REPO / "roles").iterdir() if p.is_dir())
-SUPERVISE = REPO / "roles" / "tf_node" / "files" / "tfc-supervise"
 
 
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])

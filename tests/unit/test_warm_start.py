@@ -18,9 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-
-SUPERVISE = REPO / "roles" / "tf_node" / "files" / "tfc-supervise"
+from tests.unit.supervise import SUPERVISE, supervise_module
 
 #: a task that reports what it was given, then ends with the code in its first argument (or waits for SIGINT)
 TASK = r"""
@@ -259,16 +257,6 @@ def test_sigterm_to_the_warm_interpreter_leaves_its_task_running(setup):
     assert wait_state(env, d, ("stopped",))["exit_code"] == 0
 
 
-def _supervise_module():
-    import importlib.machinery
-    import importlib.util
-
-    loader = importlib.machinery.SourceFileLoader("tfc_supervise", str(SUPERVISE))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
-
-
 def _answered(module, tmp_path, reply: bytes, as_user: dict, held: list | None = None):
     """The WarmChild a task's start makes when the warm interpreter's socket answers ``reply``; the
     connection is closed after it, or added to ``held`` (an interpreter that stays up)."""
@@ -305,7 +293,7 @@ def _answered(module, tmp_path, reply: bytes, as_user: dict, held: list | None =
 def test_a_warm_answer_that_is_not_a_process_id_fails_the_start_in_one_line(tmp_path):
     """An answer naming a pid out of Linux's range (or not a number) is refused as an OSError, which the
     supervisor logs before it starts the task the plain way, never a crash of root's supervisor."""
-    module = _supervise_module()
+    module = supervise_module()
     for i, pid in enumerate(("2147483648", "-1", '"12"', "true")):
         with pytest.raises(OSError, match="not a process id"):
             _answered(module, tmp_path / str(i), f'{{"pid": {pid}}}\n'.encode(), {})
@@ -315,7 +303,7 @@ def test_a_malformed_warm_answer_never_crashes_root_s_supervisor(tmp_path):
     """The interpreter is the task user's: a first answer nested past Python's limit or endless fails the start
     (an OSError, logged before the plain start); a malformed later line ends the task it named, through its
     pidfd, as killed."""
-    module = _supervise_module()
+    module = supervise_module()
     for i, reply in enumerate((b"[" * 200_000 + b"\n", b"x" * (200 << 10))):
         with pytest.raises(OSError, match="warm interpreter"):
             _answered(module, tmp_path / f"first{i}", reply, {})
@@ -338,7 +326,7 @@ def test_a_malformed_warm_answer_never_crashes_root_s_supervisor(tmp_path):
 def test_a_signal_to_a_forked_task_reaches_its_process_group(tmp_path):
     """A task that leads its group (the warm interpreter's fork calls setsid) is signalled with its group: a
     process it started gets the signal too."""
-    module = _supervise_module()
+    module = supervise_module()
     supervisor = module.Supervisor.__new__(module.Supervisor)
     task = subprocess.Popen(["sh", "-c", "sleep 120 & wait"], start_new_session=True)
     held = []
@@ -362,7 +350,7 @@ def test_a_signal_to_a_forked_task_reaches_its_process_group(tmp_path):
 
 def test_an_end_that_comes_in_the_same_read_as_the_pid_is_taken(tmp_path):
     """A task that ends at once: its pid and its end can reach the supervisor in one read."""
-    child = _answered(_supervise_module(), tmp_path, b'{"pid": 4242}\n{"exit": 3}\n', {})
+    child = _answered(supervise_module(), tmp_path, b'{"pid": 4242}\n{"exit": 3}\n', {})
     assert (child.pid, child.poll(), child.wait(timeout=1)) == (4242, 3, 3)
 
 
@@ -370,7 +358,7 @@ def test_a_warm_answer_naming_another_users_process_never_makes_root_signal_it(t
     """The warm interpreter is the task user's: its answer may name any pid. The supervisor signals the task
     only through a pidfd it opened while that pid was a process of the task's user: a process of another user
     is neither signalled nor recorded; the task's user's own is, until it ends."""
-    module = _supervise_module()
+    module = supervise_module()
     supervisor = module.Supervisor.__new__(module.Supervisor)    # only its child's signalling is used here
     decoy = subprocess.Popen(["sleep", "120"], start_new_session=True)     # this test's user's, a session leader
     held = []
