@@ -99,6 +99,17 @@ def test_store(tmp_path_factory):
             _restore("TFCLUSTER_HOME", saved)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def autograph_files():
+    """Remove the files AutoGraph wrote for the functions this test process converted when the session ends.
+    TensorFlow removes them only at the interpreter's exit (atexit), which a pytest-xdist worker can skip:
+    a CI simulation found 17 of them in /tmp after a green run."""
+    yield
+    for name, module in list(sys.modules.items()):
+        if name.startswith("__autograph_generated_file") and getattr(module, "__file__", None):
+            Path(module.__file__).unlink(missing_ok=True)
+
+
 #: the builder node of the tests' image: a cluster name and a subnet of its own (outside the other tests' networks)
 IMAGE_CLUSTER = "tfct-image"
 IMAGE_SUBNET = "10.231.249.0/24"
