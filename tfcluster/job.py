@@ -9,8 +9,8 @@ inside tfcluster, and a crash in it must not take tfcluster down):
 * :func:`prepare` (``train``, when a run starts): the run's data (stored by content, or listed and
   assigned to workers) and a check of model, loss and metrics on a few real examples; a passed check is
   recorded under the cache root (``_jobchecks/probes``), so a later run of the same module and hparams on
-  the same examples (module arrays) or the same files (keys, ETags and sizes) skips it and its TensorFlow
-  import.
+  the same examples (module arrays), or with the same data settings and number of training tasks on the
+  same files (keys, ETags and sizes), skips it and its TensorFlow import.
 """
 
 from __future__ import annotations

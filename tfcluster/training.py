@@ -213,7 +213,7 @@ class ChiefWatch:
             elif data.get("mb_per_s") is not None:
                 rates.append(data["mb_per_s"])
         self.data_mb_s = sum(rates) if rates else self.data_mb_s
-        self.data_kept = kept > 0 and not rates
+        self.data_kept = kept == len(self.streamers)     # every one of them said so in this lookup
         early = self.data_mb_s is None and time.monotonic() - self.data_since < FIRST_DATA_WINDOW_S
         self.data_due = time.monotonic() + (FIRST_DATA_POLL_S if early else DATA_POLL_S)
         return self.data_mb_s
@@ -702,10 +702,13 @@ def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:
 
 def _stream_text(d: dict) -> str:
     """A worker's data stream in `make status`: rate, epoch, bytes read, and its error if it stopped."""
-    text = (f", data from S3 {d.get('mb_per_s') or 0:.1f} MB/s (epoch {d.get('epoch', 0)}, "
-            f"{(d.get('bytes') or 0) / 1e6:.0f} MB read)")
-    if "reused" in d:
-        text += f", files kept on its disk: {d['reused']} reads of them"
+    if d.get("all_kept"):
+        text = (f", data from its disk: its {d.get('files', 0)} files were downloaded once "
+                f"({(d.get('bytes') or 0) / 1e6:.0f} MB), {d.get('reused', 0)} reads of them since (epoch "
+                f"{d.get('epoch', 0)})")
+    else:
+        text = (f", data from S3 {d.get('mb_per_s') or 0:.1f} MB/s (epoch {d.get('epoch', 0)}, "
+                f"{(d.get('bytes') or 0) / 1e6:.0f} MB read)")
     return text + (f", error: {d['error']}" if d.get("error") else "")
 
 

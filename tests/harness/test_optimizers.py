@@ -13,30 +13,35 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, 
 
 
 def _trained(optimizer_cls, steps: int = 40, **options):
-    """A Dense layer and an Embedding trained by ``optimizer_cls`` on fixed random gradients."""
+    """Two variables (a kernel and a bias) trained by ``optimizer_cls`` on fixed random dense gradients."""
     import keras
     import tensorflow as tf
 
     rng = np.random.default_rng(7)
-    dense = keras.Variable(rng.normal(size=(3, 4)).astype(np.float32))
-    table = keras.Variable(rng.normal(size=(6, 2)).astype(np.float32))
-    optimizer = optimizer_cls(learning_rate=0.01, **options)
+    kernel = keras.Variable(rng.normal(size=(3, 4)).astype(np.float32))
+    bias = keras.Variable(rng.normal(size=(4,)).astype(np.float32))
+    optimizer = optimizer_cls(**{"learning_rate": 0.01, **options})
     for _ in range(steps):
-        rows = rng.integers(0, 6, size=3)
-        sparse = tf.IndexedSlices(tf.constant(rng.normal(size=(3, 2)).astype(np.float32)), tf.constant(rows),
-                                  tf.constant([6, 2]))
-        optimizer.apply_gradients([(tf.constant(rng.normal(size=(3, 4)).astype(np.float32)), dense),
-                                   (sparse, table)])
-    return dense.numpy(), table.numpy()
+        optimizer.apply_gradients([(tf.constant(rng.normal(size=v.shape).astype(np.float32)), v)
+                                   for v in (kernel, bias)])
+    return kernel.numpy(), bias.numpy()
 
 
-@pytest.mark.parametrize("options", [{}, {"amsgrad": True}, {"weight_decay": 0.01, "clipnorm": 1.0}])
+@pytest.mark.parametrize("options", [
+    {}, {"weight_decay": 0.01, "clipnorm": 1.0}, {"beta_1": 0.8, "epsilon": 1e-4},
+    {"learning_rate": "decay"},     # a schedule: each step's rate, as Keras's Adam gets it
+])
 def test_it_does_kerass_adam_arithmetic(options):
     import keras
     from tfc_harness.optimizers import LockedAdam
 
-    for ours, theirs in zip(_trained(LockedAdam, **options), _trained(keras.optimizers.Adam, **options), strict=True):
-        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    if options.get("learning_rate") == "decay":
+        options = {"learning_rate": keras.optimizers.schedules.ExponentialDecay(0.05, 10, 0.5)}
+    ours, theirs = _trained(LockedAdam, **options), _trained(keras.optimizers.Adam, **options)
+    sgd = _trained(keras.optimizers.SGD, learning_rate=options.get("learning_rate", 0.01))
+    assert not np.allclose(ours[0], sgd[0], atol=1e-3)          # the comparison can tell optimizers apart
+    for mine, keras_s in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(mine, keras_s, rtol=1e-5, atol=1e-6)
 
 
 def test_two_concurrent_updates_never_divide_by_epsilon():

@@ -162,8 +162,10 @@ def test_every_record_once_per_epoch_through_a_window_of_ahead_plus_one_files(s3
                 time.sleep(0.004)   # a slow reader: the prefetcher would run ahead if it could
             time.sleep(0.3)
             final = prefetcher.stats()
+            kept = sorted(p.read_bytes() for p in (directory / stream.KEPT).iterdir()) if keep else None
         finally:
             prefetcher.stop()
+    assert not (directory / stream.KEPT).exists()                # stop removes the kept files
     assert not prefetcher.running()
     everything = sorted(f"{i}:{j}".encode() for i, count in enumerate(counts) for j in range(count))
     for epoch in range(epochs):
@@ -181,12 +183,10 @@ def test_every_record_once_per_epoch_through_a_window_of_ahead_plus_one_files(s3
     if keep:
         assert final == {"bytes": total, "mb_per_s": final["mb_per_s"], "epoch": epochs, "files": len(files),
                          "error": None, "reused": served - len(files), "all_kept": True}
-        assert sorted(p.read_bytes() for p in (directory / stream.KEPT).iterdir()) == \
-            sorted(s3_client.get_object(Bucket=bucket, Key=f["key"])["Body"].read() for f in files)
+        assert kept == sorted(s3_client.get_object(Bucket=bucket, Key=f["key"])["Body"].read() for f in files)
     else:
         assert final == {"bytes": sum(f["size"] for f in in_order), "mb_per_s": final["mb_per_s"],
                          "epoch": epochs, "files": served, "error": None}
-        assert not (directory / stream.KEPT).exists()
     assert final["mb_per_s"] > 0
     assert [s["bytes"] for s in samples] == sorted(s["bytes"] for s in samples)
     assert samples[0]["bytes"] < samples[-1]["bytes"] and samples[0]["epoch"] < samples[-1]["epoch"]
@@ -303,3 +303,29 @@ def test_the_keep_budget_is_at_most_a_quarter_of_the_free_disk(tmp_path, monkeyp
     assert stream.keep_budget(tmp_path / "stream") == stream.KEEP_BYTES == 1 << 30
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100 << 30, 0, 2 << 30))
     assert stream.keep_budget(tmp_path / "stream") == 512 << 20
+    assert stream.keep_budget(tmp_path / "stream", sharers=4) == 128 << 20      # 4 training tasks, one disk
+
+
+def test_a_file_system_without_hard_links_streams_every_epoch(s3_client, bucket, tmp_path, monkeypatch):
+    """The first link fails: nothing is kept, and every epoch's files are downloaded as without a budget."""
+    import errno
+
+    def no_links(source, name):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(stream.os, "link", no_links)
+    files = _upload_records(s3_client, bucket, tmp_path, [2, 3])
+    directory = tmp_path / "stream"
+    prefetcher = stream.Prefetcher(s3_client, bucket, files, directory, ahead=1, keep_bytes=1 << 20)
+    assert prefetcher.keeps
+    prefetcher.start()
+    try:
+        read = formats.reader("tfrecord", decode=lambda record: (record, tf.constant(0)))
+        records = [r for r, _ in read(stream.file_names(str(directory), poll_ms=5, wait_s=30)).take(3 * 5)
+                   .as_numpy_iterator()]
+    finally:
+        prefetcher.stop()
+    assert sorted(records) == sorted(3 * [f"{i}:{j}".encode() for i, n in enumerate([2, 3]) for j in range(n)])
+    stats = prefetcher.stats()
+    assert not prefetcher.keeps and "reused" not in stats and stats["files"] >= 6 and stats["error"] is None
+    assert not (directory / stream.KEPT).exists()

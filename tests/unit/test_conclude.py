@@ -254,18 +254,21 @@ def test_the_chief_watch_looks_up_the_workers_read_rate_often_until_one_reports_
 @pytest.mark.parametrize("second, shown", [
     ({"mb_per_s": 7.5, "all_kept": True, "reused": 4}, "data read again from the workers' disks"),
     ({"mb_per_s": 3.0}, "data from S3 3.0 MB/s"),       # the other still reads from S3: its rate alone
+    (None, None),                 # the other's status is unknown: nothing is said of the data, not "kept"
 ])
 def test_the_chief_watch_says_when_the_workers_read_their_kept_files(state, monkeypatch, capsys, second, shown):
     workers = [NODES[1], Node("c-worker-1", "worker", 1, "10.0.0.12", "10.0.0.12", "debian", 22, 0)]
     data = {workers[0].name: {"mb_per_s": 9.0, "all_kept": True, "reused": 2}, workers[1].name: second}
 
     def status(_state, node, timeout=None):
-        return {"task": {"data": data[node.name]}} if node in workers else _report("training", 3)
+        if node not in workers:
+            return _report("training", 3)
+        return {"task": {"data": data[node.name]}} if data[node.name] else {}
 
     monkeypatch.setattr(training.remote, "task_status", status)
     training.ChiefWatch(state, NODES[0], 1.0, streamers=workers)()
     out = capsys.readouterr().out
-    assert shown in out and out.count("data ") == 1, out
+    assert (shown in out and out.count("data ") == 1) if shown else "data " not in out, out
 
 
 def test_the_chief_watch_asks_a_silent_worker_for_its_rate_often_only_at_first(state, monkeypatch):
@@ -288,3 +291,12 @@ def test_the_chief_watch_asks_a_silent_worker_for_its_rate_often_only_at_first(s
     early = int(training.FIRST_DATA_WINDOW_S / training.FIRST_DATA_POLL_S)
     assert set(gaps[:early - 1]) == {training.FIRST_DATA_POLL_S}, gaps
     assert set(gaps[early + 1:]) == {training.DATA_POLL_S}, gaps      # then the slow period, for good
+
+
+def test_make_status_says_a_worker_reads_its_kept_files_without_an_old_s3_rate():
+    kept = training._stream_text({"bytes": 19588, "mb_per_s": 0.3, "epoch": 39, "files": 3, "error": None,
+                                  "reused": 114, "all_kept": True})
+    assert kept == (", data from its disk: its 3 files were downloaded once (0 MB), 114 reads of them since "
+                    "(epoch 39)")
+    streaming = training._stream_text({"bytes": 2e9, "mb_per_s": 41.5, "epoch": 1, "files": 9, "error": None})
+    assert streaming == ", data from S3 41.5 MB/s (epoch 1, 2000 MB read)"

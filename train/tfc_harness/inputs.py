@@ -172,8 +172,10 @@ class FileInput:
         s = self.settings
         mine = [f.model_dump() for f in self.files.train[s.training_index]]
         directory = Path(s.state_dir) / stream.STREAM_DIR
+        stream.clear(directory)      # an earlier run's kept files count against the free disk otherwise
         prefetcher = stream.Prefetcher(self.client, self.files.bucket, mine, directory, ahead=PREFETCH_FILES,
-                                       seed=s.training_index, keep_bytes=stream.keep_budget(directory))
+                                       seed=s.training_index,
+                                       keep_bytes=stream.keep_budget(directory, len(self.files.train)))
         prefetcher.start()
         size = sum(f["size"] for f in mine)
         kept = "; each downloaded once and kept for the later epochs" if prefetcher.keeps else ""

@@ -13,7 +13,8 @@ Adam's steps are a few thousandths. The diabetes example's regression run that d
 (``ResourceApplyAdam``) with ``use_locking``: the kernel holds the variable's, ``m``'s and ``v``'s locks for
 the whole update, so another step's update of the same variable comes wholly before or wholly after it.
 Sparse gradients (``tf.IndexedSlices``: an ``Embedding`` layer's) and ``amsgrad`` keep Keras's own update:
-Keras moves only the gradient's rows' moments, and the kernel has no ``amsgrad``; under
+Keras's arithmetic on a sparse gradient is not the dense one (its second moment comes out otherwise, so the
+kernel on the densified gradient would change the training), and the kernel has no ``amsgrad``; under
 ``parameter_server`` those updates are not atomic.
 """
 

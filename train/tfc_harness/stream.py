@@ -78,12 +78,13 @@ def clear(directory: str | Path) -> None:
     shutil.rmtree(folder / KEPT, ignore_errors=True)
 
 
-def keep_budget(directory: str | Path) -> int:
+def keep_budget(directory: str | Path, sharers: int = 1) -> int:
     """How many bytes of files a worker streaming into ``directory`` may keep: :data:`KEEP_BYTES`, and no more
-    than a quarter of the disk space free there."""
+    than a quarter of the disk space free there shared by ``sharers`` (the run's training tasks: local nodes
+    share the host's disk).  Measure it after :func:`clear`, which removes an earlier run's kept files."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    return min(KEEP_BYTES, shutil.disk_usage(folder).free // 4)
+    return min(KEEP_BYTES, shutil.disk_usage(folder).free // (4 * max(1, sharers)))
 
 
 class Prefetcher:
@@ -121,10 +122,13 @@ class Prefetcher:
         return self
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop after the download in progress (if any); wait at most ``timeout_s`` for it."""
+        """Stop after the download in progress (if any); wait at most ``timeout_s`` for it.  The kept files go
+        (a name the reader holds is a link of its own)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self.keeps and not self.running():
+            shutil.rmtree(self.directory / KEPT, ignore_errors=True)
 
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -182,8 +186,7 @@ class Prefetcher:
 
     def _download(self, f: dict, seq: int) -> None:
         kept = self.directory / KEPT / str(self._slots[f["key"]])
-        if self.keeps and kept.exists():
-            os.link(kept, data_path(self.directory, seq))     # the whole file appears at once, as a rename's
+        if self.keeps and kept.exists() and self._link(kept, data_path(self.directory, seq)):
             with self._lock:
                 self._reused += 1
             return
@@ -192,11 +195,25 @@ class Prefetcher:
         took, size = time.monotonic() - started, path.stat().st_size
         if self.keeps:
             kept.parent.mkdir(exist_ok=True)
-            os.link(path, kept)
+            self._link(path, kept)
         with self._lock:
             self._bytes += size
             self._files += 1
             self._recent.append((size, took))
+
+
+    def _link(self, source: Path, name: Path) -> bool:
+        """A second name for ``source`` (the whole file appears at once, as a rename's does); where that fails
+        (a file system without hard links), every later epoch downloads again, as without a budget."""
+        try:
+            os.link(source, name)
+            return True
+        except OSError as exc:
+            log(f"the stream keeps no files on this disk ({exc}): each epoch downloads them again")
+            with self._lock:
+                self.keeps = False
+            shutil.rmtree(self.directory / KEPT, ignore_errors=True)
+            return False
 
 
 def file_names(directory: str = STREAM_DIR, poll_ms: int = 50, wait_s: float = 600):
