@@ -23,8 +23,14 @@ STATUS_EVERY_S = 1.0   # a stream can run through gigabytes in seconds: its figu
 STOPPED_EXIT_CODE = 128 + signal.SIGINT
 
 
+#: what a stopped task removes before it leaves (a worker's kept stream files: :meth:`stream.Prefetcher.discard`)
+_ON_STOP: list = []
+
+
 def _leave_at_once(signum, frame) -> None:
     try:   # the main thread may be printing itself (a reentrant print raises): leave whatever happens
+        for discard in _ON_STOP:
+            discard()
         print("stopped: leaving without TensorFlow's teardown (a serving task holds nothing to save)", flush=True)
         sys.stderr.flush()
     finally:
@@ -43,6 +49,8 @@ def serve(settings: Settings, feed=None) -> int:
                                   config=threads.server_config(settings.threads and settings.threads.model_dump()),
                                   start=True)
     address = settings.cluster_spec[settings.role][settings.index]
+    if callable(getattr(feed, "discard", None)):
+        _ON_STOP.append(feed.discard)
     signal.signal(signal.SIGINT, _leave_at_once)
     write_status(settings.state_dir, role=settings.role, phase="serving", address=address)
     print(f"{settings.role} {settings.index}: serving on {address}", flush=True)

@@ -127,8 +127,12 @@ class Prefetcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        if self.keeps and not self.running():
-            shutil.rmtree(self.directory / KEPT, ignore_errors=True)
+        if not self.running():
+            self.discard()
+
+    def discard(self) -> None:
+        """Remove the kept files (a serving worker does when it is stopped: it leaves without a teardown)."""
+        shutil.rmtree(self.directory / KEPT, ignore_errors=True)
 
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
