@@ -10,7 +10,7 @@ import subprocess
 import time
 from contextlib import contextmanager
 
-from . import ansible_run, inventory, job, poll, runrecord, store
+from . import ansible_run, inventory, job, poll, remote, runrecord, store
 from .config import RunSpec, resolve
 from .errors import ProvisionError, TfclusterError
 from .paths import ClusterState
@@ -185,6 +185,7 @@ def down(cluster: str, provider_name: str | None = None) -> None:
     left = provider.leftovers()
     if left:
         raise ProvisionError(f"cluster {cluster}: still present after down:\n  " + "\n  ".join(left))
+    remote.close_masters(state)
     for path in (state.ssh_dir, state.terraform_dir, state.control_dir, state.dir / "ansible-tmp",
                  state.dir / "vars"):
         shutil.rmtree(path, ignore_errors=True)

@@ -55,6 +55,18 @@ def ssh_command(state: ClusterState, node: Node, command: str) -> list[str]:
             "-p", str(node.ssh_port), f"{node.ssh_user}@{node.public_ip}", command]
 
 
+def close_masters(state: ClusterState) -> None:
+    """End the SSH master connections of the cluster's control sockets (ssh and Ansible keep one per node
+    for ``ControlPersist``, 60 s after its last use): once the nodes are gone, nothing else ends them sooner
+    than their keep-alives do. Asks each through its socket only; the node is not contacted."""
+    if not state.control_dir.is_dir():
+        return
+    for sock in state.control_dir.iterdir():
+        if sock.is_socket():
+            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "node"], capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=10, check=False)
+
+
 def as_root(node: Node, command: str) -> str:
     """A node command that needs root's rights (the task's state is root's): through sudo for the
     non-root users of cloud images and of the local base image."""

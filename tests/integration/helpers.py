@@ -129,6 +129,8 @@ def leftovers(home: Path, cluster: str) -> list[str]:
     control_dir = ClusterState(cluster, root=home).control_dir
     if control_dir.exists():
         found.append(f"ssh control dir {control_dir}")
+    # an SSH master (ControlPersist) names its socket in its process title: "ssh: <control dir>/<hash> [mux]"
+    found += [f"ssh master {p}" for p in processes_with_cmdline(f"{control_dir}/")]
     return found
 
 
