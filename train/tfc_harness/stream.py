@@ -110,7 +110,7 @@ class Prefetcher:
         self._bytes = self._files = self._epoch = 0
         self._error: str | None = None
         self._position = 0   # the reader's, as last read
-        self._kept = 0       # every data file below this is deleted
+        self._deleted_below = 0       # every data file below this is deleted
 
     def start(self) -> Prefetcher:
         """Clear the directory (synchronously) and start downloading in a daemon thread."""
@@ -184,9 +184,9 @@ class Prefetcher:
 
     def _collect(self) -> None:
         self._position = max(self._position, read_position(self.directory) or 0)
-        for passed in range(self._kept, self._position):
+        for passed in range(self._deleted_below, self._position):
             data_path(self.directory, passed).unlink(missing_ok=True)
-        self._kept = max(self._kept, self._position)
+        self._deleted_below = max(self._deleted_below, self._position)
 
     def _download(self, f: dict, seq: int) -> None:
         kept = self.directory / KEPT / str(self._slots[f["key"]])
