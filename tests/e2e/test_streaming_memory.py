@@ -4,7 +4,7 @@ A local cluster (1 ps, 1 worker, 1 chief) whose nodes are capped at LIMIT_MB eac
 ``node_memory_mb``: a memory cgroup per node, no swap) trains on TFRecord files in the store holding
 DATA_BYTES, more than 3 times the cap, each example 16 KiB once decoded. The worker streams them through its
 bounded buffer (a few files on disk, none in memory; a shuffle buffer sized in bytes) for more than one
-epoch; the run must succeed with the worker's cgroup never
+epoch (the files are one file's copies, made by the store); the run must succeed with the worker's cgroup never
 OOM-killing anything, and the worker must have read more than the whole data set.
 """
 
@@ -92,7 +92,9 @@ def write_files(directory, count: int, records: int, pad: int, seed: int) -> lis
     return paths
 
 
-def upload(home, paths, folder: str) -> None:
+def upload(home, paths, folder: str, copies: int = 1) -> None:
+    """Upload each file to ``folder``; with ``copies`` > 1, also as that many more objects copied by the store
+    itself (``<stem>-c<n><suffix>``: the same bytes under other keys, without sending them again)."""
     os.environ["TFCLUSTER_HOME"] = str(home)
     try:
         from tfc_harness import s3io
@@ -102,8 +104,13 @@ def upload(home, paths, folder: str) -> None:
         spec = config.resolve({"cluster": CLUSTER})
         cluster.prepare_storage(spec)
         client = store.client(spec)
+        bucket = spec.storage.bucket
         for path in paths:
-            s3io.upload_file(client, path, spec.storage.bucket, f"{folder}/{path.name}")
+            key = f"{folder}/{path.name}"
+            s3io.upload_file(client, path, bucket, key)
+            for n in range(1, copies):
+                copy = f"{folder}/{path.stem}-c{n}{path.suffix}"
+                client.copy_object(Bucket=bucket, Key=copy, CopySource={"Bucket": bucket, "Key": key})
     finally:
         os.environ.pop("TFCLUSTER_HOME")
 
@@ -111,10 +118,11 @@ def upload(home, paths, folder: str) -> None:
 def test_a_data_set_larger_than_a_workers_memory_streams_through_it(home, tmp_path):
     assert DATA_BYTES >= 3 * (LIMIT_MB << 20)
     (tmp_path / "big.py").write_text(textwrap.dedent(MODULE))
-    train = write_files(tmp_path, FILES, RECORDS_PER_FILE, PAD, seed=1)
-    upload(home, train, "mem/train")
-    for path in train:
-        path.unlink()
+    # one file written and sent once, stored FILES times: what the worker reads is FILES objects of
+    # different keys either way, and writing and uploading 2 GiB took ~30 s of the test's ~70 s
+    train = write_files(tmp_path, 1, RECORDS_PER_FILE, PAD, seed=1)
+    upload(home, train, "mem/train", copies=FILES)
+    train[0].unlink()
     upload(home, write_files(tmp_path, 1, 500, 4096, seed=2), "mem/test")   # test records: a pad just long enough
 
     cfg = tmp_path / "mem.yml"
