@@ -159,6 +159,7 @@ class ChiefWatch:
         self.last_line, self.misses, self.errors, self.first = "", 0, 0, None
         self.streamers, self.data_mb_s, self.data_due, self.data_since = list(streamers), None, 0.0, None
         self.data_kept = False
+        self.notes_shown = 0
 
     def __call__(self) -> dict | None:
         try:
@@ -177,6 +178,7 @@ class ChiefWatch:
             return None
         self.misses = 0
         sup, task = got.get("supervisor", {}), got.get("task") or {}
+        self._show_notes(task.get("notes") or [])
         self._show(_progress_line(task, sup, self._eta(task), self._data_text()))
         phase, step = task.get("phase"), task.get("step", 0)
         if self.on_training and phase == "training" and step > 0:
@@ -225,6 +227,12 @@ class ChiefWatch:
         self.first = self.first or (time.monotonic(), step)
         rate = (step - self.first[1]) / max(time.monotonic() - self.first[0], 1e-6)
         return (total - step) / rate if rate > 0 else None
+
+    def _show_notes(self, notes: list[str]) -> None:
+        """The chief's lines for the user (its ``notes``, which only grow during a run), each printed once."""
+        for note in notes[self.notes_shown:]:
+            print(f"  {self.chief.name}: {note}", flush=True)
+        self.notes_shown = max(self.notes_shown, len(notes))
 
     def _show(self, line: str) -> None:
         if line != self.last_line:

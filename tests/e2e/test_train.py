@@ -182,7 +182,8 @@ def harness_lines(home, node: str) -> str:
 
 
 def test_a_changed_make_dataset_trains_on_the_new_data(home, artifacts, trained, tmp_path):
-    """Data sets are stored by content: changing make_dataset() gives a new data set, never the old copy."""
+    """Data sets are stored by content: changing make_dataset() gives a new data set, never the old copy. (The
+    module's make_optimizer returns Keras's Adam: the chief says it runs it as LockedAdam.)"""
     (tmp_path / "rows.txt").write_text("100")
     module = tmp_path / "sized.py"
     module.write_text(textwrap.dedent("""\
@@ -201,6 +202,11 @@ def test_a_changed_make_dataset_trains_on_the_new_data(home, artifacts, trained,
         def build_model():
             import keras
             return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(2)])
+
+
+        def make_optimizer(learning_rate):      # Keras's own Adam: parameter_server runs it as LockedAdam
+            import keras
+            return keras.optimizers.Adam(learning_rate, beta_2=0.99)
         """))
     runs = []
     for rows in (100, 150):
@@ -209,6 +215,8 @@ def test_a_changed_make_dataset_trains_on_the_new_data(home, artifacts, trained,
                         timeout=900)
         assert res.returncode == 0, res.stdout[-4000:] + res.stderr
         assert f"{3 * rows} training and {rows} test examples" in res.stdout
+        assert (f"{CLUSTER}-chief-0: make_optimizer's keras.optimizers.Adam runs as tfc_harness.optimizers.LockedAdam"
+                in res.stdout), res.stdout[-4000:]
         runs.append(json.loads((home / CLUSTER / "run.json").read_text()))
         assert runs[-1]["metrics"]["test_examples"] == rows and runs[-1]["verified_metrics"]["n"] == rows
     # these later runs' tasks were forked by each node's warm interpreter, which the module's first run

@@ -83,3 +83,80 @@ def test_a_module_without_make_optimizer_gets_it():
 
     optimizer = usermodel.make_optimizer(types.ModuleType("mine"), 0.003)
     assert isinstance(optimizer, LockedAdam) and float(optimizer.learning_rate) == pytest.approx(0.003)
+
+
+def _adapted(optimizer):
+    from harness_support import example_settings
+    from tfc_harness import strategies
+    from tfc_harness.settings import validate
+
+    return strategies.get("parameter_server")(validate(example_settings())).adapt_optimizer(optimizer)
+
+
+@pytest.mark.parametrize("make, options", [
+    ("Adam", {"beta_1": 0.8, "epsilon": 1e-4, "clipnorm": 1.0}),
+    ("AdamW", {"weight_decay": 0.05}),
+    ("Adam", {"learning_rate": "decay"}),
+])
+def test_under_parameter_server_a_modules_keras_adam_runs_atomically_with_its_configuration(make, options):
+    """make_optimizer returning Keras's Adam or AdamW: the parameter-server chief trains with a LockedAdam of
+    the same configuration, says so, and its updates are those of the user's optimizer."""
+    import keras
+    from tfc_harness.optimizers import LockedAdam
+
+    if options.get("learning_rate") == "decay":
+        options = {"learning_rate": keras.optimizers.schedules.ExponentialDecay(0.05, 10, 0.5)}
+    cls = getattr(keras.optimizers, make)
+    adapted, note = _adapted(cls(**options))
+    assert type(adapted) is LockedAdam and f"keras.optimizers.{make} runs as tfc_harness.optimizers.LockedAdam" in note
+    config = cls(**options).get_config()
+    assert {k: v for k, v in adapted.get_config().items() if k != "name"} == \
+        {k: v for k, v in config.items() if k != "name"}
+    ours = _trained(lambda **o: _adapted(cls(**o))[0], **options)
+    for mine, keras_s in zip(ours, _trained(cls, **options), strict=True):
+        np.testing.assert_allclose(mine, keras_s, rtol=1e-5, atol=1e-6)
+
+
+def test_under_parameter_server_other_optimizers_are_kept_with_a_warning_when_not_atomic():
+    import keras
+    from tfc_harness.optimizers import LockedAdam
+
+    class MyAdam(keras.optimizers.Adam):      # a subclass: its update may be its own
+        pass
+
+    for optimizer in (keras.optimizers.RMSprop(0.01), keras.optimizers.Adagrad(0.01),
+                      keras.optimizers.Adam(0.01, amsgrad=True), MyAdam(0.01)):
+        adapted, note = _adapted(optimizer)
+        assert adapted is optimizer, optimizer
+        assert note.startswith("warning: make_optimizer returns ") and type(optimizer).__name__ in note, note
+        assert "parameter_server" in note and "LockedAdam" in note, note
+    for optimizer in (keras.optimizers.SGD(0.01, momentum=0.9), keras.optimizers.Lion(0.001),
+                      LockedAdam(0.01)):
+        assert _adapted(optimizer) == (optimizer, None)
+
+
+def test_an_adam_keras_cannot_rebuild_is_kept_with_a_warning():
+    import keras
+
+    class Halving(keras.optimizers.schedules.LearningRateSchedule):   # not registered: no from_config
+        def __call__(self, step):
+            return 0.01 / (1.0 + keras.ops.cast(step, "float32"))
+
+        def get_config(self):
+            return {}
+
+    optimizer = keras.optimizers.Adam(Halving())
+    adapted, note = _adapted(optimizer)
+    assert adapted is optimizer and note.startswith("warning: make_optimizer's keras.optimizers.Adam could not "
+                                                    "be made atomic"), note
+
+
+def test_other_strategies_keep_the_modules_optimizer():
+    import keras
+    from harness_support import example_settings
+    from tfc_harness import strategies
+    from tfc_harness.settings import validate
+
+    optimizer = keras.optimizers.Adam(0.01)
+    node = strategies.get("multi_worker_mirrored")(validate(example_settings(strategy="multi_worker_mirrored")))
+    assert node.adapt_optimizer(optimizer) == (optimizer, None)

@@ -162,6 +162,24 @@ def test_the_chief_watch_calls_on_training_once_at_the_first_training_step(state
     assert len(calls) == 1 and "step 3/10" in calls[0], calls     # once, at the first step trained
 
 
+def test_the_chief_watch_prints_each_of_the_chiefs_notes_once(state, monkeypatch, capsys):
+    note = "make_optimizer's keras.optimizers.Adam runs as tfc_harness.optimizers.LockedAdam ..."
+    reports = iter([{"supervisor": {"state": "running"}, "task": {"phase": "starting", "step": 0}},
+                    {"supervisor": {"state": "running"}, "task": {"phase": "training", "step": 3, "total": 10,
+                                                                   "notes": [note]}},
+                    {"supervisor": {"state": "running"}, "task": {"phase": "training", "step": 7, "total": 10,
+                                                                   "notes": [note, "second"]}},
+                    {"supervisor": {"state": "succeeded"}, "task": {"phase": "done", "step": 10, "total": 10,
+                                                                     "notes": [note, "second"]}}])
+    monkeypatch.setattr(training.remote, "task_status", lambda *a, **kw: next(reports))
+    watch = training.ChiefWatch(state, NODES[0], 0.01)
+    for _ in range(4):
+        watch()
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln for ln in lines if not ln.lstrip().startswith("[")] == [f"  c-chief-0: {note}", "  c-chief-0: second"]
+    assert lines.index(f"  c-chief-0: {note}") < lines.index("  [training] step 3/10 (30%)")    # before its step
+
+
 def _report(phase: str, step: int, sup: str = "running") -> dict:
     return {"supervisor": {"state": sup}, "task": {"phase": phase, "step": step, "total": 10}}
 

@@ -132,7 +132,10 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
     strategy.connect()
     if job.example_shape is None:
         check_job(job)
-    model, optimizer = build_distributed(strategy, job, settings.learning_rate)
+    model, optimizer, note = build_distributed(strategy, job, settings.learning_rate)
+    if note:
+        log(note)
+        state.notes.append(note)     # the controller prints it under the progress
     job.summaries.watch_learning_rate(learning_rate_of(optimizer))
     saver = Saver(strategy, client, model, optimizer)
     restored = state.step = saver.restore()
@@ -196,13 +199,14 @@ def check_job(job: Job) -> None:
 
 
 def build_distributed(strategy: Strategy, job: Job, learning_rate: float):
-    """Model and optimizer in the (connected) strategy's scope, the local copy (``job.local_model``) outside."""
+    """Model and optimizer in the (connected) strategy's scope, the local copy (``job.local_model``) outside;
+    and the strategy's line about the optimizer, if any (:meth:`Strategy.adapt_optimizer`)."""
     with strategy.scope():
         model = usermodel.build_model(job.module, job.example_shape, job.hparams)
-        optimizer = usermodel.make_optimizer(job.module, learning_rate)
+        optimizer, note = strategy.adapt_optimizer(usermodel.make_optimizer(job.module, learning_rate))
         optimizer.build(model.trainable_variables)
     job.local_model = usermodel.build_model(job.module, job.example_shape, job.hparams)
-    return model, optimizer
+    return model, optimizer, note
 
 
 def evaluate(state: ChiefState, job: Job, model) -> dict:

@@ -16,12 +16,24 @@ Sparse gradients (``tf.IndexedSlices``: an ``Embedding`` layer's) and ``amsgrad`
 Keras's arithmetic on a sparse gradient is not the dense one (its second moment comes out otherwise, so the
 kernel on the densified gradient would change the training), and the kernel has no ``amsgrad``; under
 ``parameter_server`` those updates are not atomic.
+
+A model module's own ``make_optimizer`` gets the same protection under ``parameter_server`` when it returns
+Keras's ``Adam`` or ``AdamW`` itself (:func:`for_parameter_server`): the harness runs it as a
+:class:`LockedAdam` of the same configuration and says so.  Another optimizer that divides by a second
+moment (RMSprop, Adagrad, ...) is kept, with a warning that its updates are not atomic there.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 import tensorflow as tf
+
+#: Keras's optimizers whose update divides by an accumulated second moment (or a norm of it) in ops of its
+#: own: under ``parameter_server`` two workers' updates of one variable can interleave, and a step can divide
+#: by about ``epsilon``. The names absent from the installed Keras are skipped.
+NOT_ATOMIC = ("Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta", "Adafactor", "Ftrl", "Lamb")
 
 
 class LockedAdam(keras.optimizers.Adam):
@@ -40,3 +52,34 @@ class LockedAdam(keras.optimizers.Adam):
             beta1_power=tf.pow(beta_1, step), beta2_power=tf.pow(beta_2, step), lr=tf.cast(learning_rate, dtype),
             beta1=beta_1, beta2=beta_2, epsilon=tf.cast(self.epsilon, dtype),
             grad=tf.cast(gradient, dtype), use_locking=True)
+
+
+def for_parameter_server(optimizer) -> tuple[Any, str | None]:
+    """The optimizer to train with under ``parameter_server`` in place of ``optimizer`` (a model module's
+    ``make_optimizer``'s), and a line for the user about the change or the risk (None: nothing to say).
+
+    Keras's own ``Adam`` and ``AdamW`` (the classes themselves, not a subclass: its update may be its own)
+    without ``amsgrad`` become a :class:`LockedAdam` of the same configuration (learning rate or schedule,
+    betas, epsilon, weight decay, clipping): the same arithmetic, each variable's update atomic."""
+    name = type(optimizer).__name__
+    if isinstance(optimizer, LockedAdam):
+        return optimizer, None
+    if type(optimizer) in (keras.optimizers.Adam, keras.optimizers.AdamW) and not optimizer.amsgrad:
+        try:
+            locked = LockedAdam.from_config(optimizer.get_config())
+        except Exception as exc:     # e.g. a schedule of the module's own that Keras cannot rebuild
+            return optimizer, (f"warning: make_optimizer's keras.optimizers.{name} could not be made atomic "
+                               f"({type(exc).__name__}: {exc}); under parameter_server its updates can "
+                               "interleave and diverge (README, Known limits)")
+        return locked, (f"make_optimizer's keras.optimizers.{name} runs as tfc_harness.optimizers.LockedAdam "
+                        "with the same configuration: the same update, applied atomically on the parameter "
+                        "servers (README, Known limits)")
+    for risky in NOT_ATOMIC:
+        cls = getattr(keras.optimizers, risky, None)
+        if cls is not None and isinstance(optimizer, cls):
+            return optimizer, (f"warning: make_optimizer returns {type(optimizer).__module__}.{name}, whose "
+                               "update divides by a second moment in separate ops: under parameter_server two "
+                               "workers' updates can interleave and a step can divide by about epsilon and "
+                               "diverge (README, Known limits); tfc_harness.optimizers.LockedAdam is Adam "
+                               "with atomic updates")
+    return optimizer, None

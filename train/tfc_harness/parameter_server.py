@@ -77,6 +77,13 @@ class ParameterServer(Strategy):
     def scope(self):
         return self.tf_strategy.scope()
 
+    def adapt_optimizer(self, optimizer):
+        """Keras's Adam made atomic, or a warning (:func:`tfc_harness.optimizers.for_parameter_server`): the
+        workers' steps update the variables on the ps at once."""
+        from .optimizers import for_parameter_server
+
+        return for_parameter_server(optimizer)
+
     def make_dataset(self, dataset_fn):
         return iter(self.coordinator.create_per_worker_dataset(dataset_fn))
 

@@ -113,11 +113,14 @@ class ChiefState:
         self.loss: float | None = None
         self.examples_per_sec: float | None = None
         self.feed = None    # this task's data stream when it reads files itself (its stats() go to status)
+        self.notes: list[str] = []   # lines for the user (the controller prints each once)
 
     def report(self, phase: str | None = None, **extra) -> None:
         if phase:
             self.phase = phase
         if self.feed is not None:
             extra.setdefault("data", self.feed.stats())
+        if self.notes:
+            extra.setdefault("notes", list(self.notes))
         write_status(self.state_dir, role=self.role, phase=self.phase, step=self.step, total=self.total,
                      loss=self.loss, examples_per_sec=self.examples_per_sec, **extra)

@@ -195,6 +195,11 @@ class Strategy(abc.ABC):
         makes its tasks agree, as they must issue the same calls."""
         return stop, chunk
 
+    def adapt_optimizer(self, optimizer) -> tuple[Any, str | None]:
+        """The optimizer this strategy trains with in place of the model module's ``optimizer``, and a line
+        for the user about it (None: nothing to say).  Called in :meth:`scope`; the optimizer as it is here."""
+        return optimizer, None
+
     def prefers_local_checkpoints(self) -> bool:
         """Whether a local checkpoint newer than S3's (its upload failed) is restored instead of S3's.
         Not where every task must restore the same checkpoint: only S3's is common to all."""
