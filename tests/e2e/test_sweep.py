@@ -1,9 +1,10 @@
 """End to end on the local provider: a 2×2 grid sweep with ``parallel: 2``, interrupted and resumed.
 
 One module, in order: the sweep is started on a cluster that is not up (it brings up both groups), is
-interrupted with Ctrl-C while both first trials train, and is run again: the interrupted trials resume
-their own runs from their checkpoints on their groups, the others start, and the sweep ends with its table,
-``sweep.json`` and ``best.json`` in S3 and every trial's model verified. A third run skips every trial.
+interrupted with Ctrl-C while both first trials train (each one's chief paused until the stop reaches it),
+and is run again: the interrupted trials resume their own runs from their checkpoints on their groups, the
+others start, and the sweep ends with its table, ``sweep.json`` and ``best.json`` in S3 and every trial's
+model verified. A third run skips every trial.
 ``make down`` removes both groups. Each group is a chief and one worker (multi_worker_mirrored) training
 the digits model: what is tested is the sweep, not the model. The grid is steps × learning rate, the long
 trials first: they are the ones interrupted, and the short ones keep the file's time down.
@@ -22,14 +23,15 @@ import pytest
 
 from tests.conftest import PYTHON, REPO, interruptible, needs_root
 from tests.integration.helpers import force_down, leftovers, make
+from tests.reliability import runs
 
 pytestmark = [pytest.mark.e2e, needs_root()]
 CLUSTER = "tfct-sw"
-#: the first two trials' steps: Ctrl-C comes once both have passed their second checkpoint (step 200), and at
-#: least one must still be training when the stop reaches its chief. That takes 5-7 s after the Ctrl-C
-#: alone (an ansible-playbook per trial) and longer in the suite: with 1000 steps a CI run saw both chiefs
-#: publish first. With 3000, the later one has ~2700 steps (20-40 s here) to go when Ctrl-C comes
-STEPS = 3000
+#: the first two trials' steps: each trial's chief is paused (SIGSTOP) once the sweep prints its step 250 or
+#: later, and continued once the Ctrl-C's stop is pending on it, so both are stopped mid-run whatever the
+#: machine's speed (without the pause, 1000 steps once let both chiefs publish before the stop reached them in
+#: CI, and 3000 cost the resumed run ~2 x 2750 steps). A chief paused within ~2 s of step 250 is at ~450 at most
+STEPS = 800
 SHORT = 300     # the last two trials' steps: they start after the resume and are not interrupted
 GROUPS = (CLUSTER, f"{CLUSTER}-g1")
 CLUSTER_FILE = f"""
@@ -83,28 +85,40 @@ def record(home) -> dict:
     return json.loads((home / CLUSTER / "sweeps" / "steps-lr" / "sweep.json").read_text())
 
 
+def nodes(home, group: str) -> dict:
+    return {n["name"]: n for n in json.loads((home / group / "nodes.json").read_text())}
+
+
 @pytest.fixture(scope="module")
 def interrupted(files, home, env):
-    """The first run, Ctrl-C'd once both groups' first trials have trained past their second checkpoint."""
+    """The first run, Ctrl-C'd once both groups' first trials have trained past their second checkpoint: each
+    trial's chief is paused there until the stop is pending on it (:data:`STEPS`)."""
     proc = subprocess.Popen(sweep_cmd(files), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, preexec_fn=interruptible)
-    out, saved = [], set()
+    out, paused = [], {}      # trial id -> its group, whose chief is paused
     deadline = time.monotonic() + 1200
     try:
         for line in proc.stdout:
             out.append(line)
-            m = re.match(rf"\[(t\d+) \S+\]\s+\[training\] step (\d+)/{STEPS}", line)
-            if m and int(m.group(2)) >= 250:
-                saved.add(m.group(1))
-            if len(saved) == 2:
+            m = re.match(rf"\[(t\d+) (\S+)\]\s+\[training\] step (\d+)/{STEPS}", line)
+            if m and int(m.group(3)) >= 250 and m.group(1) not in paused:
+                runs.signal_task(home, m.group(2), nodes(home, m.group(2)), "chief-0", signal.SIGSTOP)
+                paused[m.group(1)] = m.group(2)
+            if len(paused) == 2:
                 break
             assert time.monotonic() < deadline, "".join(out[-80:])
         proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=300)
+        for group in paused.values():
+            runs.wait_for_pending(home, group, nodes(home, group), "chief-0", signal.SIGINT)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    return proc.returncode, "".join(out) + rest, saved
+        for group in paused.values():
+            runs.signal_task(home, group, nodes(home, group), "chief-0", signal.SIGCONT)
+        try:
+            rest, _ = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return proc.returncode, "".join(out) + rest, set(paused)
 
 
 def test_a_sweep_brings_up_its_groups_and_ctrl_c_leaves_its_trials_resumable(interrupted, home):
@@ -142,8 +156,8 @@ def test_the_same_sweep_resumes_its_trials_and_ends_with_the_table_and_the_best_
     for tid in interrupted[2]:   # the interrupted ones resumed their own runs, from their checkpoints
         assert trials[tid]["run_id"] == before[tid]["run_id"]
         assert re.search(rf"\[{tid} \S+\] ==> resuming run {before[tid]['run_id']}", out), out[-5000:]
-    # (a trial whose chief had published when Ctrl-C came is verified, not trained again: restored 0)
-    assert max(trials[tid]["restored_from_step"] for tid in interrupted[2]) >= 200, trials
+    # both were stopped mid-run (paused past step 250): each restored a checkpoint of step 200 or later
+    assert min(trials[tid]["restored_from_step"] for tid in interrupted[2]) >= 200, trials
     for t in trials.values():
         assert 0.5 <= t["metric"] <= 1.0 and t["metric"] == t["metrics"]["test_accuracy"]
     # the table: every trial, best first
