@@ -12,8 +12,9 @@ import pytest
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
 
 
-def _trained(optimizer_cls, steps: int = 40, **options):
-    """Two variables (a kernel and a bias) trained by ``optimizer_cls`` on fixed random dense gradients."""
+def _trained(optimizer_cls, steps: int = 40, prepare=None, **options):
+    """Two variables (a kernel and a bias) trained by ``optimizer_cls`` on fixed random dense gradients
+    (``prepare(optimizer, bias)`` first, when given)."""
     import keras
     import tensorflow as tf
 
@@ -21,6 +22,8 @@ def _trained(optimizer_cls, steps: int = 40, **options):
     kernel = keras.Variable(rng.normal(size=(3, 4)).astype(np.float32))
     bias = keras.Variable(rng.normal(size=(4,)).astype(np.float32))
     optimizer = optimizer_cls(**{"learning_rate": 0.01, **options})
+    if prepare is not None:
+        prepare(optimizer, bias)
     for _ in range(steps):
         optimizer.apply_gradients([(tf.constant(rng.normal(size=v.shape).astype(np.float32)), v)
                                    for v in (kernel, bias)])
@@ -93,62 +96,97 @@ def _adapted(optimizer):
     return strategies.get("parameter_server")(validate(example_settings())).adapt_optimizer(optimizer)
 
 
-@pytest.mark.parametrize("make, options", [
-    ("Adam", {"beta_1": 0.8, "epsilon": 1e-4, "clipnorm": 1.0}),
-    ("AdamW", {"weight_decay": 0.05}),
-    ("Adam", {"learning_rate": "decay"}),
+def _halving():
+    import keras
+
+    class Halving(keras.optimizers.schedules.LearningRateSchedule):    # the module's own, not registered
+        def __call__(self, step):
+            return 0.05 / (1.0 + keras.ops.cast(step, "float32"))
+
+        def get_config(self):
+            return {}
+
+    return Halving()
+
+
+def _exclude_bias(optimizer, bias):
+    optimizer.exclude_from_weight_decay(var_list=[bias])
+
+
+@pytest.mark.parametrize("make, options, prepare", [
+    ("Adam", {"beta_1": 0.8, "epsilon": 1e-4, "clipnorm": 1.0}, None),
+    ("AdamW", {"weight_decay": 0.1}, _exclude_bias),     # kept out of get_config(): a rebuilt copy loses it
+    ("Adam", {"global_clipnorm": 0.5, "use_ema": True, "loss_scale_factor": 8.0}, None),
+    ("Adam", {"clipvalue": 0.1, "gradient_accumulation_steps": 2}, None),
+    ("Adam", {"learning_rate": "decay"}, None),
+    ("Adam", {"learning_rate": "halving"}, None),
 ])
-def test_under_parameter_server_a_modules_keras_adam_runs_atomically_with_its_configuration(make, options):
-    """make_optimizer returning Keras's Adam or AdamW: the parameter-server chief trains with a LockedAdam of
-    the same configuration, says so, and its updates are those of the user's optimizer."""
+def test_under_parameter_server_a_modules_keras_adam_becomes_locked_keeping_all_it_was_given(make, options, prepare):
+    """make_optimizer returning Keras's Adam or AdamW: the parameter-server chief trains with that very object
+    made a LockedAdam, says so, and its updates are those of the user's optimizer."""
     import keras
     from tfc_harness.optimizers import LockedAdam
 
-    if options.get("learning_rate") == "decay":
+    rate = options.get("learning_rate")
+    if rate == "decay":
         options = {"learning_rate": keras.optimizers.schedules.ExponentialDecay(0.05, 10, 0.5)}
+    elif rate == "halving":
+        options = {"learning_rate": _halving()}
     cls = getattr(keras.optimizers, make)
-    adapted, note = _adapted(cls(**options))
-    assert type(adapted) is LockedAdam and f"keras.optimizers.{make} runs as tfc_harness.optimizers.LockedAdam" in note
-    config = cls(**options).get_config()
-    assert {k: v for k, v in adapted.get_config().items() if k != "name"} == \
-        {k: v for k, v in config.items() if k != "name"}
-    ours = _trained(lambda **o: _adapted(cls(**o))[0], **options)
-    for mine, keras_s in zip(ours, _trained(cls, **options), strict=True):
+    optimizer = cls(**options)
+    config = optimizer.get_config()
+    adapted, note = _adapted(optimizer)
+    assert adapted is optimizer and type(adapted) is LockedAdam and adapted.get_config() == config
+    assert note.startswith(f"make_optimizer's keras.optimizers.{make} runs as tfc_harness.optimizers.LockedAdam")
+
+    def locked(**o):
+        opt = cls(**o)
+        assert _adapted(opt)[0] is opt and type(opt) is LockedAdam
+        return opt
+
+    ours = _trained(locked, prepare=prepare, **options)
+    theirs = _trained(cls, prepare=prepare, **options)
+    if prepare is not None:      # the comparison can tell the exclusion's loss
+        lost = _trained(cls, **options)
+        assert not np.allclose(theirs[1], lost[1], atol=1e-4)
+    for mine, keras_s in zip(ours, theirs, strict=True):
         np.testing.assert_allclose(mine, keras_s, rtol=1e-5, atol=1e-6)
 
 
-def test_under_parameter_server_other_optimizers_are_kept_with_a_warning_when_not_atomic():
+def test_under_parameter_server_an_adam_inside_a_loss_scale_optimizer_becomes_locked():
+    import keras
+    from tfc_harness.optimizers import LockedAdam
+
+    wrapped = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
+    adapted, note = _adapted(wrapped)
+    assert adapted is wrapped and type(wrapped.inner_optimizer) is LockedAdam and "runs as" in note, note
+
+
+def test_under_parameter_server_other_optimizers_are_kept_with_a_warning_unless_they_never_divide():
     import keras
     from tfc_harness.optimizers import LockedAdam
 
     class MyAdam(keras.optimizers.Adam):      # a subclass: its update may be its own
         pass
 
-    for optimizer in (keras.optimizers.RMSprop(0.01), keras.optimizers.Adagrad(0.01),
-                      keras.optimizers.Adam(0.01, amsgrad=True), MyAdam(0.01)):
+    risky = [(keras.optimizers.RMSprop(0.01), "keras.optimizers.RMSprop"),
+             (keras.optimizers.Adagrad(0.01), "keras.optimizers.Adagrad"),
+             (keras.optimizers.Adam(0.01, amsgrad=True), "keras.optimizers.Adam"),
+             (keras.optimizers.LossScaleOptimizer(keras.optimizers.Nadam(0.01)), "keras.optimizers.Nadam"),
+             (MyAdam(0.01), f"{__name__}.test_under_parameter_server_other_optimizers_are_kept_with_a_warning_"
+                            "unless_they_never_divide.<locals>.MyAdam")]
+    for name in ("Muon", "ScheduleFreeAdamW"):
+        if hasattr(keras.optimizers, name):
+            risky.append((getattr(keras.optimizers, name)(learning_rate=0.01), f"keras.optimizers.{name}"))
+    for optimizer, name in risky:
+        kind = type(optimizer)
         adapted, note = _adapted(optimizer)
-        assert adapted is optimizer, optimizer
-        assert note.startswith("warning: make_optimizer returns ") and type(optimizer).__name__ in note, note
-        assert "parameter_server" in note and "LockedAdam" in note, note
-    for optimizer in (keras.optimizers.SGD(0.01, momentum=0.9), keras.optimizers.Lion(0.001),
-                      LockedAdam(0.01)):
+        assert adapted is optimizer and type(optimizer) is kind, optimizer
+        assert note.startswith(f"warning: make_optimizer returns {name}: under parameter_server "), note
+        assert "LockedAdam" in note, note
+    for optimizer in (keras.optimizers.SGD(0.01, momentum=0.9), keras.optimizers.Lion(0.001), LockedAdam(0.01),
+                      keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))):
         assert _adapted(optimizer) == (optimizer, None)
-
-
-def test_an_adam_keras_cannot_rebuild_is_kept_with_a_warning():
-    import keras
-
-    class Halving(keras.optimizers.schedules.LearningRateSchedule):   # not registered: no from_config
-        def __call__(self, step):
-            return 0.01 / (1.0 + keras.ops.cast(step, "float32"))
-
-        def get_config(self):
-            return {}
-
-    optimizer = keras.optimizers.Adam(Halving())
-    adapted, note = _adapted(optimizer)
-    assert adapted is optimizer and note.startswith("warning: make_optimizer's keras.optimizers.Adam could not "
-                                                    "be made atomic"), note
 
 
 def test_other_strategies_keep_the_modules_optimizer():
@@ -159,4 +197,28 @@ def test_other_strategies_keep_the_modules_optimizer():
 
     optimizer = keras.optimizers.Adam(0.01)
     node = strategies.get("multi_worker_mirrored")(validate(example_settings(strategy="multi_worker_mirrored")))
-    assert node.adapt_optimizer(optimizer) == (optimizer, None)
+    assert node.adapt_optimizer(optimizer) == (optimizer, None) and type(optimizer) is keras.optimizers.Adam
+
+
+def test_the_chief_builds_the_optimizer_the_strategy_adapts_and_passes_its_note_on():
+    """chief.build_distributed: the module's optimizer goes through the strategy's adapt_optimizer in its
+    scope, and the note comes back with the model."""
+    import contextlib
+
+    import keras
+    from harness_support import example_settings
+    from tfc_harness import chief, strategies
+    from tfc_harness.optimizers import LockedAdam
+    from tfc_harness.settings import validate
+
+    class Local(strategies.get("parameter_server")):
+        def scope(self):
+            return contextlib.nullcontext()
+
+    module = types.ModuleType("mine")
+    module.build_model = lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    module.make_optimizer = lambda rate: keras.optimizers.Adam(rate)
+    job = chief.Job(module, "mse", None, {}, example_shape=(3,))
+    model, optimizer, note = chief.build_distributed(Local(validate(example_settings())), job, 0.004)
+    assert type(optimizer) is LockedAdam and float(optimizer.learning_rate) == pytest.approx(0.004)
+    assert optimizer.built and note.startswith("make_optimizer's keras.optimizers.Adam runs as")

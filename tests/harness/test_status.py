@@ -57,3 +57,14 @@ def test_a_loop_running_task_reading_its_own_files_reports_its_stream(tmp_path):
     state.report()
     written = json.loads((tmp_path / "status.json").read_text())
     assert written["data"] == Feed().stats() and written["step"] == 20 and written["role"] == "worker"
+
+
+def test_a_loop_running_tasks_notes_for_the_user_are_in_every_report_once_made(tmp_path):
+    state = status.ChiefState(tmp_path, 100)
+    state.report("training")
+    assert "notes" not in json.loads((tmp_path / "status.json").read_text())
+    state.notes.append("make_optimizer's keras.optimizers.Adam runs as tfc_harness.optimizers.LockedAdam ...")
+    state.report()
+    state.report("failed", error="x")
+    written = json.loads((tmp_path / "status.json").read_text())
+    assert written["notes"] == state.notes and written["phase"] == "failed"

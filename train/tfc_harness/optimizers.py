@@ -18,9 +18,9 @@ kernel on the densified gradient would change the training), and the kernel has 
 ``parameter_server`` those updates are not atomic.
 
 A model module's own ``make_optimizer`` gets the same protection under ``parameter_server`` when it returns
-Keras's ``Adam`` or ``AdamW`` itself (:func:`for_parameter_server`): the harness runs it as a
-:class:`LockedAdam` of the same configuration and says so.  Another optimizer that divides by a second
-moment (RMSprop, Adagrad, ...) is kept, with a warning that its updates are not atomic there.
+Keras's ``Adam`` or ``AdamW`` itself (:func:`for_parameter_server`): the harness makes that very object a
+:class:`LockedAdam` and says so.  Any other optimizer but SGD and Lion (which never divide) is kept, with a
+warning that its updates may not be atomic there.
 """
 
 from __future__ import annotations
@@ -30,10 +30,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-#: Keras's optimizers whose update divides by an accumulated second moment (or a norm of it) in ops of its
-#: own: under ``parameter_server`` two workers' updates of one variable can interleave, and a step can divide
-#: by about ``epsilon``. The names absent from the installed Keras are skipped.
-NOT_ATOMIC = ("Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta", "Adafactor", "Ftrl", "Lamb")
+#: optimizers whose updates never divide by an accumulated moment: under ``parameter_server`` two workers'
+#: interleaved updates of a variable can lose one another's part, but no step can be unbounded
+NEVER_DIVIDE = ("SGD", "Lion")
 
 
 class LockedAdam(keras.optimizers.Adam):
@@ -58,28 +57,37 @@ def for_parameter_server(optimizer) -> tuple[Any, str | None]:
     """The optimizer to train with under ``parameter_server`` in place of ``optimizer`` (a model module's
     ``make_optimizer``'s), and a line for the user about the change or the risk (None: nothing to say).
 
-    Keras's own ``Adam`` and ``AdamW`` (the classes themselves, not a subclass: its update may be its own)
-    without ``amsgrad`` become a :class:`LockedAdam` of the same configuration (learning rate or schedule,
-    betas, epsilon, weight decay, clipping): the same arithmetic, each variable's update atomic."""
-    name = type(optimizer).__name__
-    if isinstance(optimizer, LockedAdam):
+    Keras's own ``Adam`` and ``AdamW`` (the classes themselves, not a subclass, whose update may be its own;
+    not ``amsgrad``), also inside a ``LossScaleOptimizer``, become :class:`LockedAdam` in place: the same
+    object, so everything the user set stays as it is (learning rate or schedule, betas, epsilon, weight
+    decay and the variables it excludes, clipping, EMA, gradient accumulation), and :class:`LockedAdam` only
+    replaces Adam's update of a variable by the same arithmetic in one locked kernel."""
+    inner = optimizer
+    while isinstance(inner, keras.optimizers.LossScaleOptimizer):
+        inner = inner.inner_optimizer
+    name = _public_name(inner)
+    if isinstance(inner, LockedAdam) or isinstance(inner, tuple(_classes(NEVER_DIVIDE))):
         return optimizer, None
-    if type(optimizer) in (keras.optimizers.Adam, keras.optimizers.AdamW) and not optimizer.amsgrad:
-        try:
-            locked = LockedAdam.from_config(optimizer.get_config())
-        except Exception as exc:     # e.g. a schedule of the module's own that Keras cannot rebuild
-            return optimizer, (f"warning: make_optimizer's keras.optimizers.{name} could not be made atomic "
-                               f"({type(exc).__name__}: {exc}); under parameter_server its updates can "
-                               "interleave and diverge (README, Known limits)")
-        return locked, (f"make_optimizer's keras.optimizers.{name} runs as tfc_harness.optimizers.LockedAdam "
-                        "with the same configuration: the same update, applied atomically on the parameter "
-                        "servers (README, Known limits)")
-    for risky in NOT_ATOMIC:
-        cls = getattr(keras.optimizers, risky, None)
-        if cls is not None and isinstance(optimizer, cls):
-            return optimizer, (f"warning: make_optimizer returns {type(optimizer).__module__}.{name}, whose "
-                               "update divides by a second moment in separate ops: under parameter_server two "
-                               "workers' updates can interleave and a step can divide by about epsilon and "
-                               "diverge (README, Known limits); tfc_harness.optimizers.LockedAdam is Adam "
-                               "with atomic updates")
-    return optimizer, None
+    if type(inner) in (keras.optimizers.Adam, keras.optimizers.AdamW) and not inner.amsgrad:
+        inner.__class__ = LockedAdam
+        return optimizer, (f"make_optimizer's {name} runs as tfc_harness.optimizers.LockedAdam, the same "
+                           "optimizer whose Adam update of each variable is one locked kernel: under "
+                           "parameter_server Keras's own can interleave two workers' updates and diverge "
+                           "(README, Known limits)")
+    return optimizer, (f"warning: make_optimizer returns {name}: under parameter_server its updates of a "
+                       "variable may interleave with another worker's, and an update that divides by a second "
+                       "moment (Adam's amsgrad, RMSprop, Adagrad and the like) can then divide by about "
+                       "epsilon and diverge (README, Known limits); tfc_harness.optimizers.LockedAdam is Adam "
+                       "with atomic updates")
+
+
+def _classes(names) -> list[type]:
+    return [cls for cls in (getattr(keras.optimizers, n, None) for n in names) if cls is not None]
+
+
+def _public_name(optimizer) -> str:
+    """``keras.optimizers.RMSprop`` for Keras's own classes, ``module.Class`` for others."""
+    cls = type(optimizer)
+    if getattr(keras.optimizers, cls.__name__, None) is cls:
+        return f"keras.optimizers.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -78,8 +78,9 @@ class ParameterServer(Strategy):
         return self.tf_strategy.scope()
 
     def adapt_optimizer(self, optimizer):
-        """Keras's Adam made atomic, or a warning (:func:`tfc_harness.optimizers.for_parameter_server`): the
-        workers' steps update the variables on the ps at once."""
+        """The module's own Keras Adam made a LockedAdam, or a warning for an optimizer that may not update
+        atomically (:func:`tfc_harness.optimizers.for_parameter_server`): the workers' steps update the
+        variables on the ps at once."""
         from .optimizers import for_parameter_server
 
         return for_parameter_server(optimizer)

@@ -196,8 +196,9 @@ class Strategy(abc.ABC):
         return stop, chunk
 
     def adapt_optimizer(self, optimizer) -> tuple[Any, str | None]:
-        """The optimizer this strategy trains with in place of the model module's ``optimizer``, and a line
-        for the user about it (None: nothing to say).  Called in :meth:`scope`; the optimizer as it is here."""
+        """The optimizer this strategy trains with, given the model module's ``optimizer`` (that object,
+        changed or not, or another), and a line for the user about it (None: nothing to say).  Called in
+        :meth:`scope`, before the optimizer is built.  Here: the module's, as it is."""
         return optimizer, None
 
     def prefers_local_checkpoints(self) -> bool:
