@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -103,11 +104,14 @@ def test_store(tmp_path_factory):
 def autograph_files():
     """Remove the files AutoGraph wrote for the functions this test process converted when the session ends.
     TensorFlow removes them only at the interpreter's exit (atexit), which a pytest-xdist worker can skip:
-    a CI simulation found 17 of them in /tmp after a green run."""
+    a CI simulation found 17 of them in /tmp after a green run. TensorFlow never removes their bytecode
+    (``/tmp/__pycache__``)."""
     yield
     for name, module in list(sys.modules.items()):
         if name.startswith("__autograph_generated_file") and getattr(module, "__file__", None):
             Path(module.__file__).unlink(missing_ok=True)
+            # and its bytecode, which the import wrote beside it unless PYTHONDONTWRITEBYTECODE is set
+            Path(importlib.util.cache_from_source(module.__file__)).unlink(missing_ok=True)
 
 
 #: the builder node of the tests' image: a cluster name and a subnet of its own (outside the other tests' networks)

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from tfc_harness import strategies
@@ -74,13 +75,17 @@ def job_args(spec: RunSpec) -> dict:
 
 
 def _call(mode: str, args: dict, env: dict, timeout_s: int) -> dict:
-    proc_env = dict(os.environ, **env, TF_CPP_MIN_LOG_LEVEL="2")
-    try:
-        proc = subprocess.run([sys.executable, "-m", "tfc_harness.prepare", mode, json.dumps(args)],
-                              capture_output=True, text=True, env=proc_env, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise JobError(f"checking the model module {args['module']} took longer than {timeout_s}s") from None
+    # a temporary directory of its own, removed when it ends: AutoGraph writes a file for each function it
+    # converts (a CSV or TFRecord parser, the user's decode) and Python its bytecode in __pycache__ beside it,
+    # which TensorFlow's exit leaves in /tmp
+    with tempfile.TemporaryDirectory(prefix="tfcluster-jobcheck-") as tmp:
+        proc_env = dict(os.environ, **env, TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=tmp)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "tfc_harness.prepare", mode, json.dumps(args)],
+                                  capture_output=True, text=True, env=proc_env, timeout=timeout_s,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise JobError(f"checking the model module {args['module']} took longer than {timeout_s}s") from None
     errors = [ln.removeprefix("ERROR: ") for ln in proc.stderr.splitlines() if ln.startswith("ERROR: ")]
     if proc.returncode == 2 and errors:
         raise JobError(errors[-1])

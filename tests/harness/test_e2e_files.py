@@ -28,14 +28,15 @@ STEPS = 300
 CHIEF_TIMEOUT_S = 240
 
 
-def prepare(endpoint: str, workers: int) -> dict:
-    """The controller's step, as tfcluster runs it: a subprocess printing one JSON line."""
+def prepare(endpoint: str, workers: int, tmp: Path) -> dict:
+    """The controller's step, as tfcluster runs it: a subprocess printing one JSON line, with a temporary
+    directory of its own (``tmp``)."""
     job = {"module": MODULE, "hparams": {}, "workers": workers, "bucket": BUCKET, "endpoint": endpoint,
            "region": "us-east-1", "dataset_base": "datasets/cancer",
            "data": {"train": f"s3://{BUCKET}/examples/cancer/train-*.tfrecord",
                     "test": f"s3://{BUCKET}/examples/cancer/test-*.tfrecord", "format": "tfrecord", "label": "y"}}
     proc = subprocess.run([sys.executable, "-m", "tfc_harness.prepare", "run", json.dumps(job)], capture_output=True,
-                          text=True, env=node_env(dict(S3_CREDENTIALS)), timeout=180)
+                          text=True, env=node_env(dict(S3_CREDENTIALS, TMPDIR=str(tmp))), timeout=180)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -58,7 +59,7 @@ def test_tfrecord_shards_stream_train_publish_verify(moto_endpoint, s3_client, p
     s3_client.create_bucket(Bucket=BUCKET)
     shards = examples.cancer_shards()
     examples.write_shards(s3_client, BUCKET, "examples/cancer", shards)
-    prepared = prepare(moto_endpoint, workers=2)
+    prepared = prepare(moto_endpoint, workers=2, tmp=tmp_path)
     data = prepared["data"]
     assigned = [[f["key"] for f in worker] for worker in data["train"]]
     train_keys = sorted(s.key for s in shards if s.split == "train")

@@ -39,8 +39,17 @@ TFRECORD_MODEL = """
 """
 
 
+@pytest.fixture(autouse=True)
+def own_tmp(tmp_path, monkeypatch):
+    """The prepare processes a test starts write AutoGraph's files (a CSV or TFRecord parser's) and their
+    bytecode in the test's own directory, not in /tmp (as tfcluster.job gives its own a directory)."""
+    directory = tmp_path / "tmpdir"
+    directory.mkdir()
+    monkeypatch.setenv("TMPDIR", str(directory))
+
+
 @pytest.fixture(scope="module")
-def store(moto_endpoint):
+def store(moto_endpoint, tmp_path_factory):
     """A bucket with good and bad files, written once for the module."""
     import boto3
     import tensorflow as tf
@@ -62,7 +71,7 @@ def store(moto_endpoint):
     put("csv/text/train-1.csv", b"a,b,target\n1,2,3\n")
     put("csv/text/test-0.csv", b"a,b,target\n1,high,3\n")
     buf = io.BytesIO()
-    path = "/tmp/tfc-prepare-test.tfrecord"
+    path = str(tmp_path_factory.mktemp("records") / "test.tfrecord")
     with tf.io.TFRecordWriter(path) as writer:
         for row in np.arange(12, dtype=np.float32).reshape(4, 3):
             writer.write(tf.train.Example(features=tf.train.Features(feature={

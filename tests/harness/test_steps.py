@@ -49,7 +49,9 @@ def test_n_steps_per_call_and_the_last_steps_mean_loss_over_two_replicas(tmp_pat
     probe = tmp_path / "probe.py"          # a file: AutoGraph converts the loop from its source
     probe.write_text(PROBE.format(train=str(TRAIN_DIR)))
     res = subprocess.run([sys.executable, str(probe)], capture_output=True,
-                         text=True, timeout=120, env={"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin"})
+                         text=True, timeout=120, env={"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin",
+                                                      "TMPDIR": str(tmp_path)})   # AutoGraph's files, and
+    # their bytecode in __pycache__ (which TensorFlow's exit leaves), stay out of /tmp
     assert res.returncode == 0, res.stderr[-3000:]
     # calls of 1, 3 and 2 steps end at steps 0, 3 and 5: mean of (2s)**2 and (2s+1)**2
     assert res.stdout.splitlines()[-4:-1] == ["1 0.5 1", "3 42.5 4", "2 110.5 6"]

@@ -136,7 +136,8 @@ def test_multi_worker_mirrored_agrees_on_stopping_and_on_the_next_chunk_through_
 
     probe = tmp_path / "probe.py"
     probe.write_text(AGREE_PROBE.format(train=str(TRAIN_DIR)))
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parent),
+           "TMPDIR": str(tmp_path)}      # AutoGraph's files and their bytecode: not in /tmp
     res = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.splitlines()[-4:] == ["False 37 False 37", "True 5 True 5", "False 0 False 1",

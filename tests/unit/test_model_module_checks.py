@@ -3,6 +3,8 @@ is created: exit status 2, one line naming the module and what is wrong, no trac
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import QUIET_SUBNET, run_cli
@@ -77,3 +79,27 @@ def test_validate_says_what_the_module_gives(home, tmp_path):
     again = run_cli("validate", "--set", f"training.model={tmp_path / 'regress.py'}",
                     "--set", f"network.subnet={QUIET_SUBNET}", home=home, timeout=180)
     assert again.returncode == 0 and again.stderr == res.stderr    # the cached check says the same
+
+
+def test_the_job_check_process_gets_a_temporary_directory_of_its_own_removed_after_it(monkeypatch, tmp_path):
+    """AutoGraph's files of the functions the check converts (a CSV parser, the user's decode), and the bytecode
+    Python writes beside them, which TensorFlow's exit leaves behind, go to that directory, not /tmp."""
+    import subprocess
+
+    from tfcluster import job
+
+    given = []
+
+    def run(argv, env, **kw):
+        directory = Path(env["TMPDIR"])
+        assert directory.is_dir() and directory != Path("/tmp") and list(directory.iterdir()) == []
+        (directory / "__pycache__").mkdir()
+        (directory / "__pycache__" / "__autograph_generated_file1.cpython-311.pyc").write_bytes(b"x")
+        given.append(directory)
+        return subprocess.CompletedProcess(argv, 0, stdout='{"probe": "checked"}\n', stderr="")
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(job.tempfile, "tempdir", None)       # gettempdir() reads TMPDIR again
+    monkeypatch.setattr(job.subprocess, "run", run)
+    assert job._call("run", {"module": "m.py"}, {}, 60) == {"probe": "checked"}
+    assert len(given) == 1 and given[0].parent == tmp_path and not given[0].exists()
