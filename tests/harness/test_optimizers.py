@@ -222,3 +222,47 @@ def test_the_chief_builds_the_optimizer_the_strategy_adapts_and_passes_its_note_
     model, optimizer, note = chief.build_distributed(Local(validate(example_settings())), job, 0.004)
     assert type(optimizer) is LockedAdam and float(optimizer.learning_rate) == pytest.approx(0.004)
     assert optimizer.built and note.startswith("make_optimizer's keras.optimizers.Adam runs as")
+
+
+def test_under_parameter_server_the_chief_names_the_variables_whose_updates_stay_kerass_own(tmp_path):
+    """An Embedding's sparse gradient keeps Keras's Adam update (not atomic): once the step is traced, the
+    parameter-server strategy's note names that variable; a dense model's has none; other strategies say
+    nothing."""
+    import keras
+    import tensorflow as tf
+    from harness_support import example_settings
+    from tfc_harness import chief, strategies
+    from tfc_harness.optimizers import LockedAdam
+    from tfc_harness.settings import validate
+    from tfc_harness.status import ChiefState
+
+    def traced(model, x):
+        optimizer = LockedAdam(0.01)
+
+        @tf.function
+        def step(n):
+            for _ in tf.range(n):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(tf.square(model(x)))
+                optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                              model.trainable_variables, strict=True))
+            return [loss]
+        return optimizer, step
+
+    ps = strategies.get("parameter_server")(validate(example_settings()))
+    mwms = strategies.get("multi_worker_mirrored")(validate(example_settings(strategy="multi_worker_mirrored")))
+    sparse = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(50, 4, name="words"),
+                               keras.layers.Flatten(), keras.layers.Dense(1)])
+    optimizer, step = traced(sparse, tf.constant([[1, 2, 3], [4, 5, 6]]))
+    assert ps.training_note(optimizer) is None                   # nothing traced yet
+    state = ChiefState(tmp_path, 10)
+    train = chief.noting(ps, optimizer, state, step)
+    train(2)
+    train(3)
+    assert len(state.notes) == 1 and state.notes[0].startswith("warning: 1 variable(s) (")
+    assert "words" in state.notes[0] and "a sparse gradient" in state.notes[0], state.notes
+    assert mwms.training_note(optimizer) is None
+    dense = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    optimizer, step = traced(dense, tf.ones((2, 3)))
+    step(2)
+    assert ps.training_note(optimizer) is None

@@ -144,8 +144,9 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
         saver.save(step)
         job.summaries.upload()      # with each checkpoint: a run in progress can be looked at
 
-    train_fn = strategy.make_train_fn(make_replica_step(model, optimizer, job.loss),
-                                      strategy.make_dataset(job.input.dataset_fn(settings.batch_size)))
+    train_fn = noting(strategy, optimizer, state,
+                      strategy.make_train_fn(make_replica_step(model, optimizer, job.loss),
+                                             strategy.make_dataset(job.input.dataset_fn(settings.batch_size))))
     log(f"training {settings.steps - restored} steps on {settings.num_training_tasks} training tasks "
         f"(batch {settings.batch_size}, learning rate {settings.learning_rate})")
     if strategy.publishes():
@@ -159,6 +160,20 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
                                    on_report=job.summaries.training,
                                    notices=notices, finite=lambda: all_finite(model.weights + optimizer.variables))
     return Trained(model, restored, loop_time, monitor)
+
+
+def noting(strategy: Strategy, optimizer, state: ChiefState, train_fn):
+    """``train_fn``, adding the strategy's note about the traced step (:meth:`Strategy.training_note`) to the
+    chief's notes once, after the call that traced it."""
+    def train(n: int):
+        losses = train_fn(n)
+        note = strategy.training_note(optimizer)
+        if note and note not in state.notes:
+            log(note)
+            state.notes.append(note)
+        return losses
+
+    return train
 
 
 def conclude(settings: Settings, strategy: Strategy, state: ChiefState, client, job: Job, trained: Trained) -> None:

@@ -40,6 +40,10 @@ class LockedAdam(keras.optimizers.Adam):
 
     def update_step(self, gradient, variable, learning_rate):
         if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
+            # Python runs this once per trace: the variables whose updates are Keras's own (not_atomic_updates)
+            kind = "amsgrad" if self.amsgrad else "a sparse gradient"
+            path = getattr(variable, "path", None) or variable.name
+            self._tfc_keras_updates = getattr(self, "_tfc_keras_updates", frozenset()) | {(kind, path)}
             return super().update_step(gradient, variable, learning_rate)
         variable = variable.value if isinstance(variable, keras.Variable) else variable
         dtype = variable.dtype
@@ -91,3 +95,21 @@ def _public_name(optimizer) -> str:
     if getattr(keras.optimizers, cls.__name__, None) is cls:
         return f"keras.optimizers.{cls.__name__}"
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def not_atomic_updates(optimizer) -> str | None:
+    """For the user, once the train step was traced: which variables a :class:`LockedAdam` (also inside a
+    ``LossScaleOptimizer``) updates with Keras's own update, which is not atomic under ``parameter_server``
+    (their gradients are sparse, an ``Embedding``'s, or the optimizer has ``amsgrad``); None when none."""
+    inner = optimizer
+    while isinstance(inner, keras.optimizers.LossScaleOptimizer):
+        inner = inner.inner_optimizer
+    updates = sorted(getattr(inner, "_tfc_keras_updates", ()))
+    if not updates:
+        return None
+    kinds = sorted({kind for kind, _ in updates})
+    paths = [path for _, path in updates]
+    shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    return (f"warning: {len(paths)} variable(s) ({shown}) are updated by Keras's own Adam update ("
+            f"{' and '.join(kinds)}), which is not atomic: under parameter_server two workers' updates can "
+            "interleave and a step can divide by about epsilon and diverge (README, Known limits)")

@@ -85,6 +85,12 @@ class ParameterServer(Strategy):
 
         return for_parameter_server(optimizer)
 
+    def training_note(self, optimizer):
+        """The variables whose updates stayed Keras's own (a sparse gradient, ``amsgrad``): not atomic here."""
+        from .optimizers import not_atomic_updates
+
+        return not_atomic_updates(optimizer)
+
     def make_dataset(self, dataset_fn):
         return iter(self.coordinator.create_per_worker_dataset(dataset_fn))
 

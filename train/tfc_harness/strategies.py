@@ -201,6 +201,11 @@ class Strategy(abc.ABC):
         :meth:`scope`, before the optimizer is built.  Here: the module's, as it is."""
         return optimizer, None
 
+    def training_note(self, optimizer) -> str | None:
+        """A line for the user about the optimizer that only its traced train step shows (called after each
+        ``train(n)`` call; a line already noted is not noted again), or None.  Here: none."""
+        return None
+
     def prefers_local_checkpoints(self) -> bool:
         """Whether a local checkpoint newer than S3's (its upload failed) is restored instead of S3's.
         Not where every task must restore the same checkpoint: only S3's is common to all."""
