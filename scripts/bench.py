@@ -205,7 +205,7 @@ def plain_process(model_name: str, steps: int, batch_size: int, learning_rate: f
 def run_plain(model: str, steps: int, batch_size: int, learning_rate: float) -> dict:
     """:func:`plain_process` in a child with this environment as it is (no TensorFlow variable added), but
     for a temporary directory of its own: AutoGraph's file of the step and its bytecode stay out of /tmp."""
-    with tempfile.TemporaryDirectory(prefix="tfcluster-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tfcluster-bench-", ignore_cleanup_errors=True) as tmp:
         res = subprocess.run([sys.executable, __file__, "--plain-process", model, "--steps", str(steps),
                               "--batch-size", str(batch_size), "--learning-rate", str(learning_rate)],
                              cwd=REPO, capture_output=True, text=True, env=dict(os.environ, TMPDIR=tmp))

@@ -78,7 +78,7 @@ def _call(mode: str, args: dict, env: dict, timeout_s: int) -> dict:
     # a temporary directory of its own, removed when it ends: AutoGraph writes a file for each function it
     # converts (a CSV or TFRecord parser, the user's decode) and Python its bytecode in __pycache__ beside it,
     # which TensorFlow's exit leaves in /tmp
-    with tempfile.TemporaryDirectory(prefix="tfcluster-jobcheck-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tfcluster-jobcheck-", ignore_cleanup_errors=True) as tmp:
         proc_env = dict(os.environ, **env, TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=tmp)
         try:
             proc = subprocess.run([sys.executable, "-m", "tfc_harness.prepare", mode, json.dumps(args)],

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -28,10 +30,11 @@ from tests.reliability import runs
 pytestmark = [pytest.mark.e2e, needs_root()]
 CLUSTER = "tfct-sw"
 #: the first two trials' steps: each trial's chief is paused (SIGSTOP) once the sweep prints its step 250 or
-#: later, and continued once the Ctrl-C's stop is pending on it, so both are stopped mid-run whatever the
+#: later, and continued as soon as the Ctrl-C's stop is pending on it, so both are stopped mid-run whatever the
 #: machine's speed (without the pause, 1000 steps once let both chiefs publish before the stop reached them in
-#: CI, and 3000 cost the resumed run ~2 x 2750 steps). A chief paused within ~2 s of step 250 is at ~450 at most
-STEPS = 800
+#: CI, and 3000 cost the resumed run ~2 x 2750 steps). The pause lands 2-3 s after step 250 (the chief's
+#: status each second, the sweep's poll each second, SSH): at the fastest rate seen, ~135 steps/s, by ~650
+STEPS = 1200
 SHORT = 300     # the last two trials' steps: they start after the resume and are not interrupted
 GROUPS = (CLUSTER, f"{CLUSTER}-g1")
 CLUSTER_FILE = f"""
@@ -89,36 +92,74 @@ def nodes(home, group: str) -> dict:
     return {n["name"]: n for n in json.loads((home / group / "nodes.json").read_text())}
 
 
+def _continue(home, group: str) -> None:
+    """SIGCONT to the group's chief (best effort: its supervisor may have ended it meanwhile)."""
+    try:
+        runs.signal_task(home, group, nodes(home, group), "chief-0", signal.SIGCONT)
+    except (AssertionError, subprocess.SubprocessError):
+        pass
+
+
+def _continue_each_once_stopping(home, waiting: dict[str, str], timeout: float = 120) -> None:
+    """Continue each paused chief of ``waiting`` (trial id -> group) as soon as the stop (SIGINT) is pending
+    on it, removing it from ``waiting``: its supervisor kills a task that has not ended 15 s after the stop,
+    and the two trials' stops come apart."""
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        for trial, group in list(waiting.items()):
+            try:
+                runs.wait_for_pending(home, group, nodes(home, group), "chief-0", signal.SIGINT, timeout=0.5)
+            except AssertionError:
+                continue
+            _continue(home, group)
+            del waiting[trial]
+    assert not waiting, f"the stop never reached the paused chief of {sorted(waiting.values())}"
+
+
 @pytest.fixture(scope="module")
 def interrupted(files, home, env):
     """The first run, Ctrl-C'd once both groups' first trials have trained past their second checkpoint: each
-    trial's chief is paused there until the stop is pending on it (:data:`STEPS`)."""
+    trial's chief is paused there until the stop is pending on it (:data:`STEPS`). The sweep's output is read
+    by a thread throughout, so that the sweep never blocks on a full pipe."""
     proc = subprocess.Popen(sweep_cmd(files), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, preexec_fn=interruptible)
-    out, paused = [], {}      # trial id -> its group, whose chief is paused
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put(None)], daemon=True)
+    reader.start()
+    out, paused, stopped = [], {}, False      # paused: trial id -> its group, whose chief was paused
+    waiting = {}                               # those not continued yet
     deadline = time.monotonic() + 1200
     try:
-        for line in proc.stdout:
+        while len(paused) < 2:
+            try:
+                line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            except queue.Empty:
+                line = ""
+            assert line, "the sweep ended, or printed nothing until the deadline, before both first trials passed " \
+                         "step 250:\n" + "".join(out[-80:])
             out.append(line)
             m = re.match(rf"\[(t\d+) (\S+)\]\s+\[training\] step (\d+)/{STEPS}", line)
             if m and int(m.group(3)) >= 250 and m.group(1) not in paused:
+                waiting[m.group(1)] = paused[m.group(1)] = m.group(2)
                 runs.signal_task(home, m.group(2), nodes(home, m.group(2)), "chief-0", signal.SIGSTOP)
-                paused[m.group(1)] = m.group(2)
-            if len(paused) == 2:
-                break
             assert time.monotonic() < deadline, "".join(out[-80:])
         proc.send_signal(signal.SIGINT)
-        for group in paused.values():
-            runs.wait_for_pending(home, group, nodes(home, group), "chief-0", signal.SIGINT)
+        stopped = True
+        _continue_each_once_stopping(home, waiting)
     finally:
-        for group in paused.values():
-            runs.signal_task(home, group, nodes(home, group), "chief-0", signal.SIGCONT)
+        if not stopped and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)     # the sweep stops its trials (each in a session of its own)
+        for group in waiting.values():
+            _continue(home, group)
         try:
-            rest, _ = proc.communicate(timeout=300)
+            proc.wait(timeout=300)
         finally:
             if proc.poll() is None:
                 proc.kill()
-    return proc.returncode, "".join(out) + rest, set(paused)
+            reader.join(timeout=30)
+    while (line := lines.get_nowait() if not lines.empty() else None) is not None:
+        out.append(line)
+    return proc.returncode, "".join(out), set(paused)
 
 
 def test_a_sweep_brings_up_its_groups_and_ctrl_c_leaves_its_trials_resumable(interrupted, home):

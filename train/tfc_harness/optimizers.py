@@ -35,6 +35,7 @@ import tensorflow as tf
 NEVER_DIVIDE = ("SGD", "Lion")
 
 
+@keras.saving.register_keras_serializable(package="tfc_harness")    # copy.deepcopy and Keras's deserializer find it
 class LockedAdam(keras.optimizers.Adam):
     """``keras.optimizers.Adam`` whose update of each variable is atomic (see the module's text)."""
 
