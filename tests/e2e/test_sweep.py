@@ -88,14 +88,10 @@ def record(home) -> dict:
     return json.loads((home / CLUSTER / "sweeps" / "steps-lr" / "sweep.json").read_text())
 
 
-def nodes(home, group: str) -> dict:
-    return {n["name"]: n for n in json.loads((home / group / "nodes.json").read_text())}
-
-
 def _continue(home, group: str) -> None:
     """SIGCONT to the group's chief (best effort: its supervisor may have ended it meanwhile)."""
     try:
-        runs.signal_task(home, group, nodes(home, group), "chief-0", signal.SIGCONT)
+        runs.signal_task(home, group, runs.cluster_nodes(home, group), "chief-0", signal.SIGCONT)
     except (AssertionError, subprocess.SubprocessError):
         pass
 
@@ -108,7 +104,8 @@ def _continue_each_once_stopping(home, waiting: dict[str, str], timeout: float =
     while waiting and time.monotonic() < deadline:
         for trial, group in list(waiting.items()):
             try:
-                runs.wait_for_pending(home, group, nodes(home, group), "chief-0", signal.SIGINT, timeout=0.5)
+                runs.wait_for_pending(home, group, runs.cluster_nodes(home, group), "chief-0", signal.SIGINT,
+                                      timeout=0.5)
             except AssertionError:
                 continue
             _continue(home, group)
@@ -141,7 +138,7 @@ def interrupted(files, home, env):
             m = re.match(rf"\[(t\d+) (\S+)\]\s+\[training\] step (\d+)/{STEPS}", line)
             if m and int(m.group(3)) >= 250 and m.group(1) not in paused:
                 waiting[m.group(1)] = paused[m.group(1)] = m.group(2)
-                runs.signal_task(home, m.group(2), nodes(home, m.group(2)), "chief-0", signal.SIGSTOP)
+                runs.signal_task(home, m.group(2), runs.cluster_nodes(home, m.group(2)), "chief-0", signal.SIGSTOP)
             assert time.monotonic() < deadline, "".join(out[-80:])
         proc.send_signal(signal.SIGINT)
         stopped = True

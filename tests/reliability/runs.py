@@ -194,6 +194,11 @@ def wait_for_log_lines(home: Path, cluster: str, nodes: dict, node: str, pattern
                          f"not {count}")
 
 
+def cluster_nodes(home: Path, cluster: str) -> dict:
+    """The cluster's nodes by name, as its nodes.json lists them (the helpers here take this as ``nodes``)."""
+    return {n["name"]: n for n in json.loads((home / cluster / "nodes.json").read_text())}
+
+
 def run_record(home: Path, cluster: str) -> dict:
     return json.loads((home / cluster / "run.json").read_text())
 

@@ -9,7 +9,6 @@ is bounded; the module's teardown removes the cluster even when a scenario fails
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
 import signal
@@ -66,7 +65,7 @@ def cluster(home, env):
     res = subprocess.run([PYTHON, "-m", "tfcluster", "configure", "--cluster", CLUSTER], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr
-    return {n["name"]: n for n in json.loads((home / CLUSTER / "nodes.json").read_text())}
+    return runs.cluster_nodes(home, CLUSTER)
 
 
 def chief_log(home) -> str:

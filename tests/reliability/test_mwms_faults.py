@@ -9,7 +9,6 @@ there.  A peer that vanishes without a reset (a VM gone) is caught by the stall 
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import subprocess
@@ -67,7 +66,7 @@ def cluster(home, env):
     assert res.returncode == 0, res.stdout + res.stderr
     res = tfcluster(env, "configure", "-c", str(home / "cluster.yml"))
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr
-    return {n["name"]: n for n in json.loads((home / CLUSTER / "nodes.json").read_text())}
+    return runs.cluster_nodes(home, CLUSTER)
 
 
 def train(env, home, *extra) -> runs.Train:

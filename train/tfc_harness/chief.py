@@ -133,9 +133,7 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
     if job.example_shape is None:
         check_job(job)
     model, optimizer, note = build_distributed(strategy, job, settings.learning_rate)
-    if note:
-        log(note)
-        state.notes.append(note)     # the controller prints it under the progress
+    add_note(state, note)
     job.summaries.watch_learning_rate(learning_rate_of(optimizer))
     saver = Saver(strategy, client, model, optimizer)
     restored = state.step = saver.restore()
@@ -167,13 +165,18 @@ def noting(strategy: Strategy, optimizer, state: ChiefState, train_fn):
     chief's notes once, after the call that traced it."""
     def train(n: int):
         losses = train_fn(n)
-        note = strategy.training_note(optimizer)
-        if note and note not in state.notes:
-            log(note)
-            state.notes.append(note)
+        add_note(state, strategy.training_note(optimizer))
         return losses
 
     return train
+
+
+def add_note(state: ChiefState, note: str | None) -> None:
+    """A line for the user, in the log and once in the chief's status (the controller prints it with the
+    progress)."""
+    if note and note not in state.notes:
+        log(note)
+        state.notes.append(note)
 
 
 def conclude(settings: Settings, strategy: Strategy, state: ChiefState, client, job: Job, trained: Trained) -> None:

@@ -67,9 +67,7 @@ def for_parameter_server(optimizer) -> tuple[Any, str | None]:
     object, so everything the user set stays as it is (learning rate or schedule, betas, epsilon, weight
     decay and the variables it excludes, clipping, EMA, gradient accumulation), and :class:`LockedAdam` only
     replaces Adam's update of a variable by the same arithmetic in one locked kernel."""
-    inner = optimizer
-    while isinstance(inner, keras.optimizers.LossScaleOptimizer):
-        inner = inner.inner_optimizer
+    inner = _innermost(optimizer)
     name = _public_name(inner)
     if isinstance(inner, LockedAdam) or isinstance(inner, tuple(_classes(NEVER_DIVIDE))):
         return optimizer, None
@@ -84,6 +82,13 @@ def for_parameter_server(optimizer) -> tuple[Any, str | None]:
                        "moment (Adam's amsgrad, RMSprop, Adagrad and the like) can then divide by about "
                        "epsilon and diverge (README, Known limits); tfc_harness.optimizers.LockedAdam is Adam "
                        "with atomic updates")
+
+
+def _innermost(optimizer):
+    """The optimizer that updates the variables: inside any ``LossScaleOptimizer``s around it."""
+    while isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
 
 
 def _classes(names) -> list[type]:
@@ -102,10 +107,7 @@ def not_atomic_updates(optimizer) -> str | None:
     """For the user, once the train step was traced: which variables a :class:`LockedAdam` (also inside a
     ``LossScaleOptimizer``) updates with Keras's own update, which is not atomic under ``parameter_server``
     (their gradients are sparse, an ``Embedding``'s, or the optimizer has ``amsgrad``); None when none."""
-    inner = optimizer
-    while isinstance(inner, keras.optimizers.LossScaleOptimizer):
-        inner = inner.inner_optimizer
-    updates = sorted(getattr(inner, "_tfc_keras_updates", ()))
+    updates = sorted(getattr(_innermost(optimizer), "_tfc_keras_updates", ()))
     if not updates:
         return None
     kinds = sorted({kind for kind, _ in updates})
