@@ -205,7 +205,6 @@ class Prefetcher:
             self._files += 1
             self._recent.append((size, took))
 
-
     def _link(self, source: Path, name: Path) -> bool:
         """A second name for ``source`` (the whole file appears at once, as a rename's does); where that fails
         (a file system without hard links), every later epoch downloads again, as without a budget."""
@@ -216,7 +215,7 @@ class Prefetcher:
             log(f"the stream keeps no files on this disk ({exc}): each epoch downloads them again")
             with self._lock:
                 self.keeps = False
-            shutil.rmtree(self.directory / KEPT, ignore_errors=True)
+            self.discard()
             return False
 
 
