@@ -704,8 +704,14 @@ def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:
                 text += f", {task['examples_per_sec']:.0f} examples/s"
         if task.get("data"):
             text += _stream_text(task["data"])
-        out[n.name] = text
+        out[n.name] = text + _notes_text(task.get("notes") or [])
     return out
+
+
+def _notes_text(notes: list[str]) -> str:
+    """The chief's notes for the user (a warning on its optimizer, say) in `make status`: a line each, below
+    its node's row, as `train` printed them."""
+    return "".join(f"\n    {note}" for note in notes)
 
 
 def _stream_text(d: dict) -> str:

@@ -318,3 +318,18 @@ def test_make_status_says_a_worker_reads_its_kept_files_without_an_old_s3_rate()
                     "(epoch 39)")
     streaming = training._stream_text({"bytes": 2e9, "mb_per_s": 41.5, "epoch": 1, "files": 9, "error": None})
     assert streaming == ", data from S3 41.5 MB/s (epoch 1, 2000 MB read)"
+
+
+def test_make_status_shows_the_chiefs_notes_below_its_row(monkeypatch):
+    notes = ["warning: make_optimizer returns keras.optimizers.RMSprop: under parameter_server ...",
+             "warning: 1 variable(s) (emb:0) are updated by Keras's own Adam update"]
+
+    def status(state, node, timeout):
+        task = {"phase": "training", "step": 5, "total": 10}
+        return {"supervisor": {"state": "running"}, "task": task | ({"notes": notes} if node.role == "chief" else {})}
+
+    monkeypatch.setattr(training.remote, "task_status", status)
+    states = training.task_states(None, NODES)
+    chief = next(n.name for n in NODES if n.role == "chief")
+    assert states[chief].splitlines()[1:] == [f"    {note}" for note in notes], states[chief]
+    assert all("\n" not in text for name, text in states.items() if name != chief), states
