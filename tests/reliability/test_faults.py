@@ -30,12 +30,14 @@ pytestmark = [pytest.mark.e2e, needs_root()]
 CLUSTER = "tfct-rel"
 CANARY_KEY = "tfcCANARYKEY0000"
 CANARY_SECRET = "CanarySecret-7b1e0f-do-not-leak"
-STEPS = 1000
-ARGS = ["--set", "training.checkpoint_every=200", "--steps", str(STEPS)]
-#: the S3 scenarios train longer: more requests for the faulty proxy to fail, and room between the step the
-#: test sees and the next checkpoint's upload for S3 to go down before it
-S3_STEPS = 1600
-S3_ARGS = ["--set", "training.checkpoint_every=200", "--steps", str(S3_STEPS)]
+STEPS = 500         # ~0.98 test accuracy (a run without a fault); 5 checkpoints, at which the faults land
+ARGS = ["--set", "training.checkpoint_every=100", "--steps", str(STEPS)]
+#: the runs that must go on for a while after the chief is continued: past the link's 20 s down with one worker;
+#: until the chief has seen a preemption notice (its S3 mark, read every few seconds: 300 steps were too few)
+LONG_ARGS = ["--set", "training.checkpoint_every=200", "--steps", "1000"]
+#: the S3 scenarios train longer: more requests for the faulty proxy to fail or delay
+S3_STEPS = 800
+S3_ARGS = ["--set", "training.checkpoint_every=100", "--steps", str(S3_STEPS)]
 #: the test accuracy a run that went through a fault must reach: a sane model, not a record. digits reaches
 #: ~0.985 here, but a thousand steps and more overfit its 1437 examples (training loss ~0.0002) and the parameter-server
 #: updates are asynchronous: one run in a CI simulation, whose worker was killed, ended on a loss spike in
@@ -76,11 +78,11 @@ def test_worker_killed_at_30_percent(home, env, cluster):
     """Kill a worker at ~30%: the run completes, accuracy >= 0.85, the metrics record the loss and rejoin."""
     # The rest of the run must outlast the worker's restart (the supervisor's back-off, TensorFlow's start, its
     # data shard written again: 4.5 s alone here, ~9 s beside another test file), and at this machine's fast
-    # phase 2400 steps leave only ~7 s after a kill at 30 % (CI: the run ended before the rejoin). So once the
+    # phase 2400 steps left only ~7 s after a kill at 30 % (CI: the run ended before the rejoin). So once the
     # chief has seen the loss and trained on without the worker, it is paused (SIGSTOP) until the worker serves
-    # again: the rejoin then comes with ~1000 steps left whatever the machine's speed.
-    steps = 2400
-    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 800$",
+    # again: the rejoin then comes with ~700 steps left whatever the machine's speed.
+    steps = 1200
+    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 400$",
                                  "--set", "training.checkpoint_every=200", "--steps", str(steps))
     with runs.continued_after(home, CLUSTER, cluster):    # killed while the chief is paused at a third of the run
         runs.kill_task(home, CLUSTER, cluster, "worker-0")
@@ -102,7 +104,7 @@ def test_worker_link_cut_for_20s(home, env, cluster):
     veth = node_input(home, CLUSTER, f"{CLUSTER}-worker-1")["veth"]
     # the cut lands mid-run whatever the machine's speed: the chief is paused at its step-200 checkpoint
     # while the link goes down
-    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 200$", *ARGS,
+    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 200$", *LONG_ARGS,
                                  "--set", "training.stall_timeout_seconds=30")
     try:
         with runs.continued_after(home, CLUSTER, cluster):
@@ -117,29 +119,29 @@ def test_worker_link_cut_for_20s(home, env, cluster):
 
 
 def test_chief_killed_resumes_from_checkpoint(home, env, cluster):
-    """Kill the chief at 60% (as it logs its step-600 checkpoint, stored in S3 by then): it is restarted and
+    """Kill the chief at 60% (as it logs its step-300 checkpoint, stored in S3 by then): it is restarted and
     resumes at that step, not 0."""
-    with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", "^checkpoint saved at step 600$", signal.SIGKILL) as kill:
+    with runs.OnLogLine(home, CLUSTER, cluster, "chief-0", "^checkpoint saved at step 300$", signal.SIGKILL) as kill:
         train = runs.Train(env, CLUSTER, *ARGS)
         kill.wait()
     code, out = train.wait()
     assert code == 0, out[-4000:]
     log = chief_log(home)
     resumed, saved = resumed_steps(log), saved_before_restart(log)
-    assert resumed and set(resumed) == {600} and saved[-1] == 600, (resumed, saved, log[-3000:])
+    assert resumed and set(resumed) == {300} and saved[-1] == 300, (resumed, saved, log[-3000:])
     # The restarted chief's first closure can fail once more inside TensorFlow ("Unable to parse request",
     # a worker's receive from the chief cancelled: seen once in a CI simulation); the supervisor then restarts
     # it again, from the same checkpoint. Any other second failure fails the test.
     assert len(resumed) - 1 == len(TF_RECONNECT_ERROR.findall(log)), log[-6000:]
-    assert runs.run_record(home, CLUSTER)["metrics"]["restored_from_step"] == 600
+    assert runs.run_record(home, CLUSTER)["metrics"]["restored_from_step"] == 300
     assert re.search(rf"restarts {len(resumed)}\b", out), out[-3000:]
 
 
 def test_ps_killed_recovers_or_resumes(home, env, cluster):
     """Kill the ps at 60%: the run recovers, or fails clearly and the next train resumes."""
-    # the chief is paused at its step-600 checkpoint until the ps is down: its next call to the ps fails
+    # the chief is paused at its step-300 checkpoint until the ps is down: its next call to the ps fails
     # whatever the machine's speed (the run's few steps left once ended before a late kill)
-    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 600$", *ARGS)
+    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 300$", *ARGS)
     with runs.continued_after(home, CLUSTER, cluster):
         runs.kill_task(home, CLUSTER, cluster, "ps-0")
         runs.wait_for_log_lines(home, CLUSTER, cluster, "ps-0", "task exited .*restarting in")
@@ -166,7 +168,7 @@ def test_spot_notice_on_a_worker_saves_the_step_at_once_and_train_resumes_there(
         # line past step 400 (past the step-400 checkpoint) until the worker has written the mark
         at = 400
         train = runs.train_paused_at(dict(env, TFCLUSTER_METADATA_URL=imds.url), home, CLUSTER, cluster,
-                                     r"^step (4(0[1-9]|[1-9][0-9])|[5-9][0-9][0-9])/", *ARGS)
+                                     r"^step (4(0[1-9]|[1-9][0-9])|[5-9][0-9][0-9])/", *LONG_ARGS)
         with runs.continued_after(home, CLUSTER, cluster):
             imds.action = '{"action": "terminate", "time": "2026-11-23T05:00:00Z"}'
             runs.wait_for_log_lines(home, CLUSTER, cluster, "worker-0", "preemption notice written to s3://")
@@ -179,7 +181,7 @@ def test_spot_notice_on_a_worker_saves_the_step_at_once_and_train_resumes_there(
     assert record["state"] == "preempted" and record["preempted_step"] == step and step > at, (record, at)
     assert f"checkpoint saved at step {step}" in chief_log(home)    # that step, not the last interval's
     assert any(r[1] == "/latest/meta-data/spot/instance-action" for r in imds.requests if r[0] == "GET")
-    code, out = runs.Train(env, CLUSTER, *ARGS).wait()
+    code, out = runs.Train(env, CLUSTER, *LONG_ARGS).wait()
     assert code == 0, out[-4000:]
     assert resumed_steps(chief_log(home))[-1] == step and printed_metric(out) >= MIN_ACCURACY
 
@@ -223,14 +225,14 @@ def test_s3_faults_model_still_published(home, env, cluster):
 def test_s3_down_down_refuses_then_retry_publishes(home, env, cluster):
     """S3 fails everything from mid-run: down refuses and keeps the cluster; with S3 back, train publishes."""
     ip, port = store.store_addr()
-    # S3 goes down as the chief uploads its step-600 checkpoint (the proxy's first request for it): 400 is in
-    # S3, 600 only on the chief's disk, whatever the machine's speed (a test flipping it after a poll of the
+    # S3 goes down as the chief uploads its step-300 checkpoint (the proxy's first request for it): 200 is in
+    # S3, 300 only on the chief's disk, whatever the machine's speed (a test flipping it after a poll of the
     # chief's status was once late: every checkpoint the chief had was in S3)
-    with FaultProxy(ip, (ip, port), fail_all_from="/ckpt-600.") as proxy:
+    with FaultProxy(ip, (ip, port), fail_all_from="/ckpt-300.") as proxy:
         train = runs.Train(env, CLUSTER, *S3_ARGS, "--set", f"storage.endpoint={proxy.url}",
                            "--set", "training.max_restarts=1")
         code, out = train.wait()
-    assert proxy.fail_all, "the chief never uploaded its step-600 checkpoint"
+    assert proxy.fail_all, "the chief never uploaded its step-300 checkpoint"
     assert code == 1 and "could not be stored in S3" in out, out[-4000:]
     assert runs.run_record(home, CLUSTER)["state"] == "unpublished"
     res = make("down", home, CLUSTER=CLUSTER)
@@ -240,7 +242,7 @@ def test_s3_down_down_refuses_then_retry_publishes(home, env, cluster):
     assert code == 0, out[-4000:]
     assert runs.run_record(home, CLUSTER)["state"] == "verified"
     local = re.search(r"resumed from checkpoint at step (\d+) \(local, newer than S3\)", chief_log(home))
-    assert local and int(local.group(1)) >= 600, chief_log(home)[-3000:]
+    assert local and int(local.group(1)) >= 300, chief_log(home)[-3000:]
 
 
 def test_node_ports_unreachable_from_outside_the_bridge(home, cluster):
@@ -293,9 +295,9 @@ def test_canary_secret_appears_nowhere_else(home, env, cluster):
 
 def test_ctrl_c_during_train_then_down_leaves_nothing(home, env, cluster):
     """Ctrl-C during train, then down: the tasks stop, logs are fetched, nothing of the cluster remains."""
-    # the chief is paused at its step-400 checkpoint until the stop reaches it (ansible-playbook's start took
+    # the chief is paused at its step-200 checkpoint until the stop reaches it (ansible-playbook's start took
     # longer than the run's last steps at the machine's fast phase): it gets the stop mid-loop
-    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 400$", *ARGS)
+    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 200$", *ARGS)
     with runs.continued_after(home, CLUSTER, cluster):
         os.killpg(train.proc.pid, signal.SIGINT)
         runs.wait_for_pending(home, CLUSTER, cluster, "chief-0", signal.SIGINT)
