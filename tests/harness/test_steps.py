@@ -56,3 +56,60 @@ def test_n_steps_per_call_and_the_last_steps_mean_loss_over_two_replicas(tmp_pat
     # calls of 1, 3 and 2 steps end at steps 0, 3 and 5: mean of (2s)**2 and (2s+1)**2
     assert res.stdout.splitlines()[-4:-1] == ["1 0.5 1", "3 42.5 4", "2 110.5 6"]
     assert res.stdout.splitlines()[-1] == "replica step traced 2 times for 2 replicas"   # once per replica
+
+
+KERAS_LOSS_PROBE = """
+import sys
+sys.path.insert(0, {train!r})
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+from tfc_harness import steps, usermodel
+
+
+class Module:                 # the module's loss as the harness resolves it: a Keras loss object
+    loss = {loss!r}
+loss = usermodel.loss_fn(Module)
+x = np.array([[1.0], [2.0], [3.0], [4.0]], np.float32)
+y = np.array([1.0, -2.0, 5.0, 0.5], np.float32)
+
+
+def build():                  # a regularised weight: the model's own loss counts once, not once per replica
+    return keras.Sequential([keras.Input((1,)), keras.layers.Dense(
+        1, use_bias=False, kernel_initializer="ones", kernel_regularizer=keras.regularizers.L2(0.05))])
+
+
+def one_step(strategy):
+    with strategy.scope():
+        model, optimizer = build(), keras.optimizers.SGD(0.1)
+        optimizer.build(model.trainable_variables)
+    batches = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(4)))
+    replica_step = steps.make_replica_step(model, optimizer, loss)
+    run = tf.function(lambda n: steps.run_steps(strategy, replica_step, batches, n))
+    return float(run(tf.constant(1, tf.int64))), float(model.trainable_variables[0].numpy()[0, 0])
+
+
+# one process's step on the 4 examples, and two replicas' steps on 2 each: the same loss, the same update
+for name, strategy in (("one", tf.distribute.get_strategy()),
+                       ("two", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))):
+    print(name, "%.6f %.6f" % one_step(strategy))
+"""
+
+
+def test_two_replicas_report_and_apply_the_same_loss_as_one_process(tmp_path):
+    """Keras 3's own mean reductions divide by the strategy's replicas; the harness divides the whole loss by
+    them itself: with both, two replicas reported half the loss and took half the step (a quarter of it with
+    four). A Keras loss (``mse``, wrapped as the harness wraps a module's) and a regularised weight: one step
+    on two replicas reports the loss of one process's step on the same examples and moves the weight as far."""
+    for module_loss in ("mse", "mean_absolute_error"):
+        probe = tmp_path / "probe.py"
+        probe.write_text(KERAS_LOSS_PROBE.format(train=str(TRAIN_DIR), loss=module_loss))
+        res = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=120,
+                             env={"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)})
+        assert res.returncode == 0, res.stderr[-3000:]
+        got = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("one ", "two ")))
+        (loss_one, weight_one), (loss_two, weight_two) = ([float(v) for v in got[k].split()] for k in ("one", "two"))
+        assert weight_one != 1.0, got                       # the step moved the weight
+        assert abs(loss_two - loss_one) < 1e-5 and abs(weight_two - weight_one) < 1e-6, (module_loss, got)

@@ -14,6 +14,7 @@ def make_replica_step(model, optimizer, loss):
     :func:`tfc_harness.usermodel.loss_fn`).  Returns the batch's mean loss."""
     import tensorflow as tf
 
+    leave_replica_scaling_to_the_step()
     def replica_step(x, y):
         with tf.GradientTape() as tape:
             out = model(x, training=True)
@@ -28,6 +29,22 @@ def make_replica_step(model, optimizer, loss):
         return value
 
     return replica_step
+
+
+def leave_replica_scaling_to_the_step() -> None:
+    """Keras 3's mean loss reductions divide by the replicas of the active ``tf.distribute`` strategy (for its
+    own ``fit``, which sums the replicas' gradients and multiplies the loss back for its progress).  The replica
+    step divides the whole loss itself, the model's own losses included, which Keras leaves undivided: with both,
+    a synchronous strategy's n replicas reported 1/n of the loss and stepped by 1/n^2 of the gradient (an SGD
+    learning rate n times too small).  So Keras's division is turned off in the process that trains; it does
+    nothing without a strategy of several replicas, and the harness calls no ``fit``."""
+    from keras.src.losses import loss as keras_loss
+
+    keras_loss.scale_loss_for_distribution = _unscaled
+
+
+def _unscaled(value):
+    return value
 
 
 def all_finite(variables) -> bool:
