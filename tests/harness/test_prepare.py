@@ -120,7 +120,7 @@ def test_good_csv_and_tfrecord_jobs(store, tmp_path, creds):
     (CSV_MODEL, "csv/nolabel/train-*", "csv/nolabel/test-*", "csv", 2, prepare.DataError,
      "s3://prep/csv/nolabel/train-0.csv: label column 'target' is not in the header (a, b, c)"),
     (CSV_MODEL, "csv/text/train-*", "csv/text/test-*", "csv", 2, prepare.DataError,
-     "s3://prep/csv/text/test-0.csv: reading its first records with CSV parsing failed"),
+     "s3://prep/csv/text/test-0.csv: line 2, column b holds high, not a number (every CSV column must hold numbers)"),
     (CSV_MODEL, "csv/good/train-*", "csv/good/*", "csv", 2, prepare.DataError,
      "data.train and data.test both match s3://prep/csv/good/train-0.csv"),
     (TFRECORD_MODEL, "rec/garbage/train-*", "rec/garbage/test-*", "tfrecord", 2, prepare.DataError,
@@ -136,6 +136,16 @@ def test_bad_data_is_named_before_training(store, tmp_path, creds, module, train
     with pytest.raises(error) as err:
         prepare.run(job(tmp_path, store, module, train, test, fmt, workers))
     assert fragment in str(err.value), str(err.value)
+
+
+def test_a_bucket_the_store_does_not_have_is_named_with_its_field(store, tmp_path, creds):
+    args = job(tmp_path, store, CSV_MODEL, "csv/good/train-*", "csv/good/test-*", "csv")
+    args["data"]["train"] = "s3://no-such-bucket-tfc/set/train-*.csv"
+    with pytest.raises(prepare.DataError) as err:
+        prepare.run(args)
+    assert str(err.value) == ("data.train: s3://no-such-bucket-tfc/set/train-*.csv: the bucket "
+                              "s3://no-such-bucket-tfc/ does not exist in the object store (a typo, or data not "
+                              "uploaded yet)")
 
 
 def test_the_command_exits_2_with_one_error_line(store, tmp_path):
@@ -279,5 +289,5 @@ def test_a_passed_check_of_files_is_not_run_again_until_a_file_changes(store, tm
     s3.put_object(Bucket=BUCKET, Key="csv/stamp/test-0.csv", Body=b"a,b,target\n1,high,3\n")
     stamps = len(list((tmp_path / "probes").iterdir()))
     proc = _run_job(args)
-    assert proc.returncode == 2 and "reading its first records with CSV parsing failed" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "test-0.csv: line 2, column b holds high, not a number" in proc.stderr, proc.stderr
     assert len(list((tmp_path / "probes").iterdir())) == stamps

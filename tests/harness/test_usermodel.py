@@ -158,6 +158,23 @@ def test_labels_that_do_not_fit_the_loss_are_named(tmp_path, body, y, fragment):
     assert str(err.value).startswith("model module misfit.py: ") and fragment in str(err.value)
 
 
+def test_data_of_other_features_than_the_model_takes_gives_keras_cause_on_one_line(tmp_path):
+    """Two feature columns for a model that takes five: Keras's own cause, without its styling, the line
+    that introduces it and its list of the call's arguments."""
+    pytest.importorskip("keras")
+    module = usermodel.load(_write(tmp_path, "wide", "import keras\nloss = 'mse'\ndef build_model():\n"
+                                   "    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])\n"))
+    model = usermodel.build_model(module, (2,))
+    with pytest.raises(usermodel.ModelModuleError) as err:
+        usermodel.check_batch(module, model, np.zeros((3, 2), dtype=np.float32), np.zeros(3, dtype=np.float32))
+    message = str(err.value)
+    assert message.startswith("model module wide.py: build_model() returned a model that fails on inputs of "
+                              "shape (3, 2): ValueError: Input 0 "), message
+    assert message.endswith("expected axis -1 of input shape to have value 5, but received input with shape "
+                            "(3, 2)"), message
+    assert "\n" not in message and "\x1b" not in message and "Arguments received" not in message, message
+
+
 def test_names_and_functions_meet_outputs_of_shape_n_1_as_keras_loss_classes_do(tmp_path):
     """[N] labels (CSV labels are always scalars) against [N, 1] outputs: no broadcast to [N, N]."""
     pytest.importorskip("keras")

@@ -207,6 +207,14 @@ def _store_arrays(client, job: dict, splits: dict) -> dict:
     return {"data": None, "dataset_prefix": info["prefix"], "uploaded": info["uploaded"], "describe": describe}
 
 
+#: what a listing refused for the bucket itself means to the user (a storage failure stays one: exit status 1)
+_BUCKET_REFUSALS = {
+    "NoSuchBucket": "the bucket s3://{bucket}/ does not exist in the object store (a typo, or data not uploaded yet)",
+    "AccessDenied": "listing s3://{bucket}/ is refused (AccessDenied): the cluster's credentials may not read "
+                    "that bucket",
+}
+
+
 def _listed(client, field: str, url: str) -> tuple[str, list[dict]]:
     from . import sources
 
@@ -214,7 +222,13 @@ def _listed(client, field: str, url: str) -> tuple[str, list[dict]]:
         bucket, _ = sources.parse_url(url)
     except ValueError as exc:
         raise DataError(f"{field}: {exc}") from None
-    files = sources.list_files(client, url)
+    try:
+        files = sources.list_files(client, url)
+    except s3io.TransferError as exc:
+        code = getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code")
+        if code not in _BUCKET_REFUSALS:
+            raise
+        raise DataError(f"{field}: {url}: {_BUCKET_REFUSALS[code].format(bucket=bucket)}") from None
     if not files:
         raise DataError(f"{field}: {url} matches no object in s3://{bucket}/")
     return bucket, files
@@ -308,12 +322,19 @@ def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, f
             raise ModelModuleError(f"model module {usermodel.label(module)}: decode() returns the wrong "
                                    f"structure: {_first_line(exc)}") from None
         except Exception as exc:
+            own = _ASSERTED.search(_first_line(exc))
+            if own and own.group(1).startswith(f"{path}: "):    # the CSV reader's check of a cell
+                raise DataError(where + own.group(1).removeprefix(str(path))) from None
             what = "decode()" if settings_data["format"] == "tfrecord" else "CSV parsing"
             raise DataError(f"{where}: reading its first records with {what} failed: "
                             f"{type(exc).__name__}: {_first_line(exc)}") from None
     if batch is None:
         raise DataError(f"{where} holds no examples")
     return batch[0].numpy(), batch[1].numpy()
+
+
+#: a failed ``tf.debugging.Assert``'s message in TensorFlow's error
+_ASSERTED = re.compile(r"assertion failed: \[(.*)\]$")
 
 
 def _first_line(exc: Exception) -> str:

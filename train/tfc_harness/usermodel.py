@@ -163,7 +163,7 @@ def build_model(module: ModuleType, example_shape: tuple[int, ...] | None, hpara
             model.build((None, *example_shape))
         except Exception as exc:
             raise fail(module, "build_model", f"returned a model that cannot take inputs of shape "
-                       f"{(None, *example_shape)}: {type(exc).__name__}: {exc}") from exc
+                       f"{(None, *example_shape)}: {type(exc).__name__}: {reason(exc)}") from exc
     return model
 
 
@@ -276,6 +276,21 @@ def metric_objects(module: ModuleType, loss=None) -> list:
     return out
 
 
+#: Keras's text styling in its messages
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def reason(exc: Exception) -> str:
+    """An exception's message on one line.  Keras wraps an error inside a layer's call in lines of its own
+    ("Exception encountered when calling Sequential.call()." first, "Arguments received by ..." and each
+    argument last): only what is between them, the cause, is kept."""
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
+    if lines and lines[0].startswith("Exception encountered when calling"):
+        cut = next((i for i, ln in enumerate(lines) if ln.startswith("Arguments received by")), len(lines))
+        lines = lines[1:cut] or lines[:1]
+    return " ".join(lines)
+
+
 def check_batch(module: ModuleType, model, x, y, loss=None) -> None:
     """Run ``model`` on one batch and the loss and metrics on its output: the labels must fit the loss.
 
@@ -288,13 +303,13 @@ def check_batch(module: ModuleType, model, x, y, loss=None) -> None:
         out = model(x, training=False)
     except Exception as exc:
         raise fail(module, "build_model", f"returned a model that fails on inputs of shape {tuple(x.shape)}: "
-                   f"{type(exc).__name__}: {exc}") from exc
+                   f"{type(exc).__name__}: {reason(exc)}") from exc
     shapes = f"labels of shape {tuple(np.shape(y))} and model outputs of shape {tuple(out.shape)}"
     try:
         values = np.asarray(loss(y, out))
     except Exception as exc:
         raise ModelModuleError(f"model module {label(module)}: the loss fails on {shapes}: "
-                               f"{type(exc).__name__}: {exc}") from exc
+                               f"{type(exc).__name__}: {reason(exc)}") from exc
     n = len(x)
     if values.ndim >= 2 and values.shape[:2] == (n, n) and n > 1:
         raise ModelModuleError(f"model module {label(module)}: the loss broadcasts {shapes} to "
@@ -308,4 +323,4 @@ def check_batch(module: ModuleType, model, x, y, loss=None) -> None:
             float(metric.result())
         except Exception as exc:
             raise ModelModuleError(f"model module {label(module)}: metric {metric.name!r} fails on {shapes}: "
-                                   f"{type(exc).__name__}: {exc}") from exc
+                                   f"{type(exc).__name__}: {reason(exc)}") from exc
