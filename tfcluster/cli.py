@@ -60,9 +60,12 @@ def cmd_validate(args) -> int:
     spec = spec_from_args(args)
     get_provider(spec.provider, ClusterState(spec.cluster)).check(spec)  # what `up` would refuse
     checked = job.check(spec)
+    found = job.check_files(spec)
     print(json.dumps(spec.to_dict(), indent=2))
     print(f"model module {checked['module']}: data from {checked['data']}, loss {checked['loss']}, metrics "
           f"{', '.join(checked['metrics']) or '(none: the loss)'}", file=sys.stderr)
+    if found:
+        print(f"data: {found}", file=sys.stderr)
     print(f"configuration is valid: cluster {spec.cluster}, provider {spec.provider}, "
           f"{spec.count('ps')} ps + {spec.count('worker')} workers + {spec.count('chief')} chief",
           file=sys.stderr)

@@ -91,13 +91,17 @@ def wait_for_ssh(state: ClusterState, nodes: list[Node], timeout: int) -> None:
 
 def preflight(spec: RunSpec) -> tuple[Provider, dict]:
     """Every check ``up`` makes before it creates anything (``plan`` makes them too): the provider's, the
-    model module's (its interface, as :func:`tfcluster.job.check` reports it, is returned) and that the
-    cluster is not up on another provider. Bad input raises ConfigError or JobError (exit status 2)."""
+    model module's (its interface, as :func:`tfcluster.job.check` reports it, is returned), the data files'
+    listing on the local store (:func:`tfcluster.job.check_files`) and that the cluster is not up on another
+    provider. Bad input raises ConfigError or JobError (exit status 2)."""
     state = ClusterState(spec.cluster)
     provider = get_provider(spec.provider, state)
     provider.check(spec)
     with phase("check the model module"):
         checked = job.check(spec)
+    found = job.check_files(spec)
+    if found:
+        say(f"data: {found}")
     previous = load_spec(state) if state.spec.exists() else None
     if previous and previous.provider != spec.provider:
         raise TfclusterError(f"cluster {spec.cluster} is up on provider {previous.provider}; "

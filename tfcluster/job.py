@@ -118,6 +118,29 @@ def check(spec: RunSpec) -> dict:
     return result
 
 
+def check_files(spec: RunSpec) -> str | None:
+    """Before anything is created (``validate``, ``plan``, ``up``), where the run's store is the local one: the
+    files ``data.train`` and ``data.test`` name are listed as ``train`` lists them, so a mistyped glob or bucket
+    is refused (exit status 2) before any node boots.  Returns what was found, or None when nothing is listed
+    here: data from ``make_dataset()``, or a store elsewhere, whose files ``train`` lists (the nodes read them
+    with an identity of their own, which the controller may not hold)."""
+    if not spec.data.train or not store.is_local_store(spec):
+        return None
+    if store.is_running() and not store.has_credentials():
+        return None         # another state root's store (the tests' own): its keys are not ours to make
+    if not store.is_running():
+        raise JobError(f"data.train: {spec.data.train}: the local object store is not running, so it holds no "
+                       "files (its objects live in memory): 'tfcluster store start', then upload them (see "
+                       "README, \"Your own model\")")
+    from tfc_harness import prepare as harness_prepare  # numpy and boto3: ~0.2 s, only where files are named
+
+    try:
+        listing = harness_prepare.check_listing(store.client(spec), job_args(spec))
+    except harness_prepare.DataError as exc:
+        raise JobError(str(exc)) from None
+    return f"{len(listing['train'])} training and {len(listing['test'])} test files in s3://{listing['bucket']}/"
+
+
 def prepare(spec: RunSpec) -> dict:
     """The run's data for the nodes' settings: ``{"data": ... | None, "dataset_prefix": ..., "describe":
     ...}`` (see :func:`tfc_harness.prepare.run`)."""

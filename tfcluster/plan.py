@@ -92,7 +92,9 @@ def time_lines(spec: RunSpec, provider: Provider, now: float) -> list[str]:
 def data_source(spec: RunSpec, s3: dict) -> str:
     data = spec.data
     if data.train:
-        return f"{data.format} files {data.train} (training) and {data.test} (test), listed when train starts"
+        when = "listed above, and again when train starts" if store.is_local_store(spec) else \
+            "listed when train starts"
+        return f"{data.format} files {data.train} (training) and {data.test} (test), {when}"
     return (f"the module's make_dataset(), stored by content under s3://{s3['bucket']}/{s3['dataset_prefix']}-<sha12>/ "
             "when train starts")
 

@@ -41,6 +41,11 @@ def local_endpoint() -> str:
     return f"http://{ip}:{port}"
 
 
+def has_credentials() -> bool:
+    """Whether this state root holds the local store's keys (made by its first start of the store)."""
+    return (store_dir() / "credentials.env").exists()
+
+
 def credentials() -> dict[str, str]:
     """The local store's key pair, created once (0600)."""
     path = store_dir() / "credentials.env"

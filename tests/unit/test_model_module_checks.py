@@ -103,3 +103,84 @@ def test_the_job_check_process_gets_a_temporary_directory_of_its_own_removed_aft
     monkeypatch.setattr(job.subprocess, "run", run)
     assert job._call("run", {"module": "m.py"}, {}, 60) == {"probe": "checked"}
     assert len(given) == 1 and given[0].parent == tmp_path and not given[0].exists()
+
+
+FILES_MODULE = GOOD_MODEL + "loss = 'mse'\n"
+
+
+@pytest.fixture
+def files_home(home):
+    """A state root holding the local store's keys, as one that started the (running) store does."""
+    from tfcluster import store
+
+    (home / "_store").mkdir()
+    (home / "_store" / "credentials.env").write_text("AWS_ACCESS_KEY_ID=tfctest\nAWS_SECRET_ACCESS_KEY=tfctest\n")
+    (home / "_store" / "credentials.env").chmod(0o600)
+    assert store.is_running()     # the tests' own store (tests/conftest.py)
+    return home
+
+
+def _files_config(tmp_path, train: str, test: str):
+    (tmp_path / "job.py").write_text(FILES_MODULE)
+    cfg = tmp_path / "cluster.yml"
+    cfg.write_text(f"cluster: tfct-mod\ntraining:\n  model: {tmp_path / 'job.py'}\n  steps: 10\n"
+                   f"network: {{subnet: {QUIET_SUBNET}}}\n"
+                   f"data:\n  train: {train}\n  test: {test}\n  format: csv\n  label: y\n")
+    return cfg
+
+
+@pytest.fixture
+def bucket():
+    """The tests' store's bucket ``tfct-files``, and a prefix of this test's own in it."""
+    import uuid
+
+    from tfcluster import config, store
+
+    s3 = store.client(config.resolve({"cluster": "tfct-mod"}))
+    try:
+        s3.create_bucket(Bucket="tfct-files")
+    except s3.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    return s3, f"set-{uuid.uuid4().hex[:8]}"
+
+
+def _put(s3, prefix: str, *names: str) -> None:
+    for name in names:
+        s3.put_object(Bucket="tfct-files", Key=f"{prefix}/{name}", Body=b"a,b,c,d,y\n1,2,3,4,5\n")
+
+
+@pytest.mark.parametrize("command, case", [
+    *[("validate", case) for case in ("no such bucket", "a glob that matches nothing", "fewer files than workers")],
+    ("up", "a glob that matches nothing"), ("plan", "no such bucket")])
+def test_data_files_the_local_store_lacks_are_refused_before_anything_exists(files_home, tmp_path, bucket, command,
+                                                                            case):
+    """On the local store the files are listed by validate, plan and up, not first when train starts: a
+    mistyped glob or bucket, or too few files for the training tasks, never boots a node."""
+    s3, prefix = bucket
+    _put(s3, prefix, "train-0.csv", "test-0.csv")
+    train, message = {
+        "no such bucket": (f"s3://tfct-nobucket/{prefix}/train-*.csv", f"data.train: s3://tfct-nobucket/{prefix}/"
+                           "train-*.csv: the bucket s3://tfct-nobucket/ does not exist in the object store (a typo, "
+                           "or data not uploaded yet)"),
+        "a glob that matches nothing": (f"s3://tfct-files/{prefix}/trian-*.csv", f"data.train: s3://tfct-files/"
+                                        f"{prefix}/trian-*.csv matches no object in s3://tfct-files/"),
+        "fewer files than workers": (f"s3://tfct-files/{prefix}/train-*.csv", "data.train: 1 files for 2 workers: "
+                                     "worker 1 would have no data"),
+    }[case]
+    cfg = _files_config(tmp_path, train, f"s3://tfct-files/{prefix}/test-*.csv")
+    res = run_cli(command, "-c", str(cfg), home=files_home, timeout=180)
+    assert res.returncode == 2, res.stdout + res.stderr
+    errors = [ln for ln in res.stderr.strip().splitlines() if not ln.startswith("==>")]
+    assert len(errors) == 1 and message in errors[0], res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+    assert sorted(p.name for p in files_home.iterdir()) == ["_store"]     # no cluster state
+    assert _cluster_traces("tfct-mod") == []
+
+
+def test_validate_says_which_files_it_found(files_home, tmp_path, bucket):
+    s3, prefix = bucket
+    _put(s3, prefix, "train-0.csv", "train-1.csv", "test-0.csv")
+    cfg = _files_config(tmp_path, f"s3://tfct-files/{prefix}/train-*.csv", f"s3://tfct-files/{prefix}/test-*.csv")
+    res = run_cli("validate", "-c", str(cfg), home=files_home, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert "data: 2 training and 1 test files in s3://tfct-files/" in res.stderr

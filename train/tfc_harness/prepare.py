@@ -249,15 +249,28 @@ def _listing(client, job: dict) -> dict:
     return {"bucket": bucket, "train": train, "test": test}
 
 
-def _files(client, job: dict, module: ModuleType, listing: dict):
+def check_listing(client, job: dict) -> dict:
+    """The first part of the files' check on its own (no module, no TensorFlow, no file read): both splits
+    listed (:func:`_listing`) and a share of the training files for every training task.  The controller runs
+    it before anything is created where the store is on its own machine."""
+    listing = _listing(client, job)
+    _assigned(listing["train"], job["workers"])
+    return listing
+
+
+def _assigned(train: list[dict], workers: int) -> list[list[dict]]:
     from . import sources
 
-    spec = job["data"]
-    bucket, train, test = listing["bucket"], listing["train"], listing["test"]
     try:
-        assigned = sources.assign(train, job["workers"])
+        return sources.assign(train, workers)
     except ValueError as exc:
         raise DataError(f"data.train: {exc}") from None
+
+
+def _files(client, job: dict, module: ModuleType, listing: dict):
+    spec = job["data"]
+    bucket, train, test = listing["bucket"], listing["train"], listing["test"]
+    assigned = _assigned(train, job["workers"])
     columns = _csv_columns(client, bucket, spec, train, test) if spec["format"] == "csv" else None
     settings_data = {"source": "files", "format": spec["format"], "bucket": bucket,
                      "label": spec.get("label") if columns else None, "columns": columns,
