@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(add("status", cmd_status, "nodes, roles, addresses, SSH and each node's task"))
     p = add("logs", cmd_logs, "show a node's task log (fetched copy when the node is gone)")
     _config_args(p)
-    p.add_argument("node", help="node name, e.g. tfc-chief-0 ('make status' lists them)")
+    p.add_argument("node", nargs="?", help="node name, e.g. tfc-chief-0 ('make status' lists them; without it, "
+                                           "the error does)")
     p.add_argument("-n", "--lines", type=int, default=200)
     p = add("tensorboard", cmd_tensorboard, "fetch the TensorBoard events of the cluster's runs from S3 and serve "
                                             "them on 127.0.0.1 until Ctrl-C")

@@ -726,22 +726,27 @@ def _stream_text(d: dict) -> str:
     return text + (f", error: {d['error']}" if d.get("error") else "")
 
 
-def show_log(cluster: str, node_name: str, lines: int = 200) -> int:
+def show_log(cluster: str, node_name: str | None, lines: int = 200) -> int:
     state = ClusterState(cluster)
     nodes = {n.name: n for n in read_nodes(state.nodes)}
+    run = runrecord.read(state)
+    fetched_dir = state.logs / run.get("run_id", "-")
+    if node_name is None or (node_name not in nodes and not (fetched_dir / node_name / "node.log").exists()):
+        up = ", ".join(sorted(nodes))
+        kept = ", ".join(sorted(p.parent.name for p in fetched_dir.glob("*/node.log")))
+        known = (f"a node of cluster {cluster}: {up}" if up else
+                 f"a node of cluster {cluster}'s last run, whose logs were fetched: {kept}" if kept else
+                 f"a node of cluster {cluster}, which is not up and has no fetched log")
+        raise ConfigError("node (make logs NODE=...)", node_name or "", known)
     if node_name in nodes:
         text = remote.task_log(state, nodes[node_name], lines)
         if text is not None:
             sys.stdout.write(text)
             return 0
-    run = runrecord.read(state)
-    fetched = state.logs / run.get("run_id", "-") / node_name / "node.log"
+    fetched = fetched_dir / node_name / "node.log"
     if fetched.exists():
         print(f"(node not reachable or without a log now; fetched log {fetched})")
         sys.stdout.write("\n".join(fetched.read_text(errors="replace").splitlines()[-lines:]) + "\n")
         return 0
-    if node_name in nodes:
-        raise TfclusterError(f"node {node_name} does not answer (or has no log yet) and no log of it was fetched")
-    known = ", ".join(sorted(nodes)) or "none (the cluster is not up)"
-    raise ConfigError("node", node_name, f"a node of cluster {cluster}: {known}")
+    raise TfclusterError(f"node {node_name} does not answer (or has no log yet) and no log of it was fetched")
 

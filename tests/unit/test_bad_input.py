@@ -83,3 +83,22 @@ def test_cli_usage_errors_exit_2(home):
     res = run_cli("logs", "--cluster", "tfct-bad", "nosuch-node", home=home, timeout=60)
     assert res.returncode == 2 and "node" in res.stderr and "nosuch-node" in res.stderr, res.stderr
     assert list(home.iterdir()) == []
+
+
+def test_logs_of_an_unknown_node_or_none_name_the_nodes_whose_logs_were_fetched(home):
+    """`make logs` on a cluster that is down: the nodes whose logs the last run fetched are the choice; with no
+    NODE= at all, the same one line instead of argparse's usage."""
+    run = home / "tfct-bad" / "logs" / "r1"
+    for node in ("tfct-bad-chief-0", "tfct-bad-worker-0"):
+        (run / node).mkdir(parents=True)
+        (run / node / "node.log").write_text(f"{node} says hello\n")
+    (home / "tfct-bad" / "run.json").write_text('{"run_id": "r1", "state": "verified"}')
+    for args in (["tfct-bad-chief-9"], []):
+        res = run_cli("logs", "--cluster", "tfct-bad", *args, home=home, timeout=60)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert res.stderr.strip().splitlines() == [
+            f"tfcluster: error: invalid configuration: node (make logs NODE=...): got {(args or [''])[0]!r}; "
+            "allowed: a node of cluster tfct-bad's last run, whose logs were fetched: tfct-bad-chief-0, "
+            "tfct-bad-worker-0"]
+    res = run_cli("logs", "--cluster", "tfct-bad", "tfct-bad-worker-0", home=home, timeout=60)
+    assert res.returncode == 0 and "tfct-bad-worker-0 says hello" in res.stdout, res.stdout + res.stderr
