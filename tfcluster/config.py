@@ -497,8 +497,10 @@ class RunSpec(Section):
         for role in ROLES:
             low, high = shape.get(role, (0, 0))
             if not low <= self.count(role) <= (high if high is not None else self.count(role)):
+                absent = f" (it has no {role} nodes: leave nodes.{role}.count out, or set it to 0" \
+                    + (": PS=0 for make)" if role == "ps" else ")") if high == 0 else ""
                 raise ConfigError(f"nodes.{role}.count", self.count(role),
-                                  f"{strategies.describe_count(low, high)} with strategy {self.strategy}")
+                                  f"{strategies.describe_count(low, high)} with strategy {self.strategy}{absent}")
         if self.provider == "local":
             if self.node_total > LOCAL_MAX_NODES:
                 raise ConfigError("nodes", f"{self.node_total} nodes",

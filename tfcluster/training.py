@@ -193,7 +193,7 @@ class ChiefWatch:
     def _data_text(self) -> str | None:
         rate = self._data_rate()
         if self.data_kept:
-            return "data read again from the workers' disks"
+            return "data from the workers' disks (each file downloaded once)"
         return None if rate is None else f"data from S3 {rate:.1f} MB/s"
 
     def _data_rate(self) -> float | None:
@@ -479,8 +479,8 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
         run["state"] = RunState.INTERRUPTED if interrupted else RunState.FAILED
         runrecord.write(state, run)
         if interrupted:
-            say("interrupted: stopping every task and fetching logs (checkpoints are in S3; "
-                "'make train' resumes, 'make down' removes the cluster)")
+            say("interrupted: stopping every task and fetching logs (checkpoints are in S3: the next 'make train' "
+                "of this cluster resumes the run, after 'make up' if the cluster is taken down meanwhile)")
         _finish(spec, state, nodes, run, stop_chief=True)
         raise
 

@@ -270,7 +270,7 @@ def test_the_chief_watch_looks_up_the_workers_read_rate_often_until_one_reports_
 
 
 @pytest.mark.parametrize("second, shown", [
-    ({"mb_per_s": 7.5, "all_kept": True, "reused": 4}, "data read again from the workers' disks"),
+    ({"mb_per_s": 7.5, "all_kept": True, "reused": 4}, "data from the workers' disks (each file downloaded once)"),
     ({"mb_per_s": 3.0}, "data from S3 3.0 MB/s"),       # the other still reads from S3: its rate alone
     (None, None),                 # the other's status is unknown: nothing is said of the data, not "kept"
 ])

@@ -55,7 +55,8 @@ BAD = [
     ("no ps with parameter_server", None, {"nodes.ps.count": "0"}, "nodes.ps.count", "parameter_server"),
     ("two chiefs", None, {"nodes.chief.count": "2"}, "nodes.chief.count", "from 0 to 1"),
     ("ps with multi_worker_mirrored", None, {"strategy": "multi_worker_mirrored", "nodes.ps.count": "1"},
-     "nodes.ps.count", "exactly 0 with strategy multi_worker_mirrored"),
+     "nodes.ps.count", "exactly 0 with strategy multi_worker_mirrored (it has no ps nodes: leave nodes.ps.count out, "
+     "or set it to 0: PS=0 for make)"),
     ("unknown provider", None, {"provider": "azure"}, "provider", "local, aws, gcp, openstack, im"),
     ("bucket with capitals", None, {"storage.bucket": "My_Bucket"}, "storage.bucket", "S3 bucket name"),
     ("bucket like an IP", None, {"storage.bucket": "192.168.1.1"}, "storage.bucket", "not an IP"),
