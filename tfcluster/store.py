@@ -36,6 +36,12 @@ def store_dir() -> Path:
     return state_root() / "_store"
 
 
+def pid_file() -> Path:
+    """The pid of the store this state root started on the configured port (one a port: a checkout may run
+    stores on several, as its tests do)."""
+    return store_dir() / f"store-{store_addr()[1]}.pid"
+
+
 def local_endpoint() -> str:
     ip, port = store_addr()
     return f"http://{ip}:{port}"
@@ -100,7 +106,7 @@ def ensure_running(log=print) -> str:
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", ip, "-p", str(port)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                                 close_fds=True)
-    (d / "store.pid").write_text(f"{proc.pid}\n")
+    pid_file().write_text(f"{proc.pid}\n")
     if wait_until(lambda: port_open(ip, port), 30, 0.1, give_up=lambda: proc.poll() is not None):
         return local_endpoint()
     if proc.poll() is not None:
@@ -110,18 +116,22 @@ def ensure_running(log=print) -> str:
 
 def stop(log=print) -> None:
     """Stop the local store (its objects are gone with it) and remove its address."""
-    pid_file = store_dir() / "store.pid"
-    if pid_file.exists():
-        pid = owned_pid(pid_file, b"moto.server")  # only if it is still our moto server
+    ip, port = store_addr()
+    for path in (pid_file(), store_dir() / "store.pid"):    # the second: as checkouts up to 2e704d5 named it
+        if not path.exists():
+            continue
+        # only if it is still our moto server on this address
+        pid = owned_pid(path, f"moto.server\0-H\0{ip}\0-p\0{port}\0".encode())
         if pid:
             try:
                 os.killpg(pid, signal.SIGTERM)
                 log(f"stopped the local S3 store (pid {pid})")
             except (ProcessLookupError, PermissionError):
                 pass
-        wait_until(lambda: not is_running(), 5, 0.1)
-        pid_file.unlink()
-    ip, _ = store_addr()
+            wait_until(lambda: not is_running(), 5, 0.1)
+            path.unlink()
+        elif path == pid_file():
+            path.unlink()           # its process is gone
     others = subprocess.run(["ss", "-Hltn", "src", ip], capture_output=True, text=True).stdout.strip()
     if not others and subprocess.run(["ip", "link", "show", STORE_IFACE], capture_output=True).returncode == 0:
         subprocess.run(["ip", "link", "del", STORE_IFACE], capture_output=True)  # no other store uses it

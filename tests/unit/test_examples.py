@@ -89,7 +89,7 @@ def written(tmp_path_factory):
         yield out, again, s3io.make_client(f"http://127.0.0.1:{port}", "us-east-1",
                                            credentials={"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"})
     finally:
-        pid_file = home / "_store" / "store.pid"
+        pid_file = home / "_store" / f"store-{port}.pid"
         pid = pid_file.exists() and poll.owned_pid(pid_file, b"moto.server")
         if pid:
             os.killpg(pid, signal.SIGTERM)
