@@ -92,16 +92,16 @@ def wait_for_ssh(state: ClusterState, nodes: list[Node], timeout: int) -> None:
 def preflight(spec: RunSpec) -> tuple[Provider, dict]:
     """Every check ``up`` makes before it creates anything (``plan`` makes them too): the provider's, the
     model module's (its interface, as :func:`tfcluster.job.check` reports it, is returned), the data files'
-    listing on the local store (:func:`tfcluster.job.check_files`) and that the cluster is not up on another
-    provider. Bad input raises ConfigError or JobError (exit status 2)."""
+    listing on the local store (:func:`tfcluster.job.check_files`, returned as the interface's ``files``) and
+    that the cluster is not up on another provider. Bad input raises ConfigError or JobError (exit status 2)."""
     state = ClusterState(spec.cluster)
     provider = get_provider(spec.provider, state)
     provider.check(spec)
     with phase("check the model module"):
         checked = job.check(spec)
-    found = job.check_files(spec)
-    if found:
-        say(f"data: {found}")
+    checked = dict(checked, files=job.check_files(spec))
+    if checked["files"]:
+        say(f"data: {checked['files']}")
     previous = load_spec(state) if state.spec.exists() else None
     if previous and previous.provider != spec.provider:
         raise TfclusterError(f"cluster {spec.cluster} is up on provider {previous.provider}; "

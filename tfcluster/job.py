@@ -15,6 +15,7 @@ inside tfcluster, and a crash in it must not take tfcluster down):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -122,8 +123,8 @@ def check_files(spec: RunSpec) -> str | None:
     """Before anything is created (``validate``, ``plan``, ``up``), where the run's store is the local one: the
     files ``data.train`` and ``data.test`` name are listed as ``train`` lists them, so a mistyped glob or bucket
     is refused (exit status 2) before any node boots.  Returns what was found, or None when nothing is listed
-    here: data from ``make_dataset()``, or a store elsewhere, whose files ``train`` lists (the nodes read them
-    with an identity of their own, which the controller may not hold)."""
+    here: data from ``make_dataset()``, or a store elsewhere, whose files ``train`` lists (``validate`` and
+    ``plan`` of a cloud's configuration need no network and no credentials of it)."""
     if not spec.data.train or not store.is_local_store(spec):
         return None
     if store.is_running() and not store.has_credentials():
@@ -133,11 +134,15 @@ def check_files(spec: RunSpec) -> str | None:
                        "files (its objects live in memory): 'tfcluster store start', then upload them (see "
                        "README, \"Your own model\")")
     from tfc_harness import prepare as harness_prepare  # numpy and boto3: ~0.2 s, only where files are named
+    from tfc_harness import s3io
 
     try:
-        listing = harness_prepare.check_listing(store.client(spec), job_args(spec))
+        with contextlib.redirect_stdout(sys.stderr):    # the retries' lines: validate's stdout is its JSON
+            listing = harness_prepare.check_listing(store.client(spec), job_args(spec))
     except harness_prepare.DataError as exc:
         raise JobError(str(exc)) from None
+    except (s3io.TransferError, s3io.CredentialsMissing) as exc:
+        raise TfclusterError(f"object storage: {exc}") from None
     return f"{len(listing['train'])} training and {len(listing['test'])} test files in s3://{listing['bucket']}/"
 
 

@@ -89,12 +89,11 @@ def time_lines(spec: RunSpec, provider: Provider, now: float) -> list[str]:
     return lines
 
 
-def data_source(spec: RunSpec, s3: dict) -> str:
+def data_source(spec: RunSpec, s3: dict, found: str | None) -> str:
     data = spec.data
     if data.train:
-        when = "listed above, and again when train starts" if store.is_local_store(spec) else \
-            "listed when train starts"
-        return f"{data.format} files {data.train} (training) and {data.test} (test), {when}"
+        when = f"{found} now, listed again when train starts" if found else "listed when train starts"
+        return f"{data.format} files {data.train} (training) and {data.test} (test): {when}"
     return (f"the module's make_dataset(), stored by content under s3://{s3['bucket']}/{s3['dataset_prefix']}-<sha12>/ "
             "when train starts")
 
@@ -108,7 +107,8 @@ def model_lines(spec: RunSpec, state: ClusterState, checked: dict) -> list[str]:
              "_SUCCESS)", f"checkpoints: {bucket}/{s3['checkpoint_prefix']}/",
              f"verified copy: {artifacts_root() / spec.cluster / '<run-id>'}/",
              f"model module {checked['module']}: loss {checked['loss']}, metrics "
-             f"{', '.join(checked['metrics']) or '(none: the loss)'}", f"data: {data_source(spec, s3)}"]
+             f"{', '.join(checked['metrics']) or '(none: the loss)'}",
+             f"data: {data_source(spec, s3, checked.get('files'))}"]
     run = runrecord.read(state)
     if run.get("state") in runrecord.RESUMABLE:
         lines.append(f"<run-id>: {run['run_id']} (train resumes that run if model, batch size, hparams and data "

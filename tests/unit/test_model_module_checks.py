@@ -184,3 +184,29 @@ def test_validate_says_which_files_it_found(files_home, tmp_path, bucket):
     res = run_cli("validate", "-c", str(cfg), home=files_home, timeout=180)
     assert res.returncode == 0, res.stderr
     assert "data: 2 training and 1 test files in s3://tfct-files/" in res.stderr
+
+
+def test_a_store_that_fails_the_listing_is_one_error_line_not_a_traceback(monkeypatch, capsys):
+    """A storage failure while validate/plan/up list the files (not a bad name: a store answering 5xx) is the
+    CLI's one-line error (exit 1), and the retries' lines go to stderr, not into validate's JSON."""
+    from tfc_harness import prepare, s3io
+
+    from tfcluster import config, job, store
+    from tfcluster.errors import JobError, TfclusterError
+
+    spec = config.resolve({"cluster": "tfct-mod", "data": {"train": "s3://tfct-files/x/train-*.csv",
+                                                           "test": "s3://tfct-files/x/test.csv", "format": "csv"}})
+    for name in ("is_local_store", "is_running", "has_credentials"):
+        monkeypatch.setattr(store, name, lambda *a: True)
+    monkeypatch.setattr(store, "client", lambda spec: None)
+
+    def failing(client, args):
+        print("list s3://tfct-files/x/train-: InternalError: ...; retry 1/4 in 0.5s")
+        raise s3io.TransferError("list s3://tfct-files/x/train- failed after 5 tries: InternalError")
+
+    monkeypatch.setattr(prepare, "check_listing", failing)
+    with pytest.raises(TfclusterError) as err:
+        job.check_files(spec)
+    assert not isinstance(err.value, JobError) and str(err.value).startswith("object storage: list s3://tfct-files")
+    out = capsys.readouterr()
+    assert out.out == "" and "retry 1/4" in out.err
