@@ -210,7 +210,7 @@ def _store_arrays(client, job: dict, splits: dict) -> dict:
 #: what a listing refused for the bucket itself means to the user (a storage failure stays one: exit status 1)
 _BUCKET_REFUSALS = {
     "NoSuchBucket": "the bucket s3://{bucket}/ does not exist in the object store (a typo, or data not uploaded yet)",
-    "AccessDenied": "listing s3://{bucket}/ is refused (AccessDenied): the cluster's credentials may not read "
+    "AccessDenied": "listing s3://{bucket}/ is refused (AccessDenied): the credentials in use may not read "
                     "that bucket",
 }
 
