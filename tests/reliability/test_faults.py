@@ -35,9 +35,10 @@ ARGS = ["--set", "training.checkpoint_every=100", "--steps", str(STEPS)]
 #: the runs that must go on for a while after the chief is continued: past the link's 20 s down with one worker;
 #: until the chief has seen a preemption notice (its S3 mark, read every few seconds: 300 steps were too few)
 LONG_ARGS = ["--set", "training.checkpoint_every=200", "--steps", "1000"]
-#: the S3 scenarios train longer: more requests for the faulty proxy to fail or delay
-S3_STEPS = 800
-S3_ARGS = ["--set", "training.checkpoint_every=100", "--steps", str(S3_STEPS)]
+#: the S3 scenarios train longer: more requests for the faulty proxy to fail or delay (at 800 steps, a
+#: checkpoint every 100, they took as long: their time is the proxy's failures and delays, not the steps)
+S3_STEPS = 1600
+S3_ARGS = ["--set", "training.checkpoint_every=200", "--steps", str(S3_STEPS)]
 #: the test accuracy a run that went through a fault must reach: a sane model, not a record. digits reaches
 #: ~0.985 here, but a thousand steps and more overfit its 1437 examples (training loss ~0.0002) and the parameter-server
 #: updates are asynchronous: one run in a CI simulation, whose worker was killed, ended on a loss spike in
@@ -226,14 +227,14 @@ def test_s3_faults_model_still_published(home, env, cluster):
 def test_s3_down_down_refuses_then_retry_publishes(home, env, cluster):
     """S3 fails everything from mid-run: down refuses and keeps the cluster; with S3 back, train publishes."""
     ip, port = store.store_addr()
-    # S3 goes down as the chief uploads its step-300 checkpoint (the proxy's first request for it): 200 is in
-    # S3, 300 only on the chief's disk, whatever the machine's speed (a test flipping it after a poll of the
+    # S3 goes down as the chief uploads its step-600 checkpoint (the proxy's first request for it): 400 is in
+    # S3, 600 only on the chief's disk, whatever the machine's speed (a test flipping it after a poll of the
     # chief's status was once late: every checkpoint the chief had was in S3)
-    with FaultProxy(ip, (ip, port), fail_all_from="/ckpt-300.") as proxy:
+    with FaultProxy(ip, (ip, port), fail_all_from="/ckpt-600.") as proxy:
         train = runs.Train(env, CLUSTER, *S3_ARGS, "--set", f"storage.endpoint={proxy.url}",
                            "--set", "training.max_restarts=1")
         code, out = train.wait()
-    assert proxy.fail_all, "the chief never uploaded its step-300 checkpoint"
+    assert proxy.fail_all, "the chief never uploaded its step-600 checkpoint"
     assert code == 1 and "could not be stored in S3" in out, out[-4000:]
     assert runs.run_record(home, CLUSTER)["state"] == "unpublished"
     res = make("down", home, CLUSTER=CLUSTER)
@@ -243,7 +244,7 @@ def test_s3_down_down_refuses_then_retry_publishes(home, env, cluster):
     assert code == 0, out[-4000:]
     assert runs.run_record(home, CLUSTER)["state"] == "verified"
     local = re.search(r"resumed from checkpoint at step (\d+) \(local, newer than S3\)", chief_log(home))
-    assert local and int(local.group(1)) >= 300, chief_log(home)[-3000:]
+    assert local and int(local.group(1)) >= 600, chief_log(home)[-3000:]
 
 
 def test_node_ports_unreachable_from_outside_the_bridge(home, cluster):

@@ -25,7 +25,7 @@ from tests.reliability.runs import node_log, printed_metric, resumed_steps, save
 pytestmark = [pytest.mark.e2e, needs_root()]
 CLUSTER = "tfct-relmw"
 SUBNET = "10.231.250.0/24"     # outside every auto subnet (10.231.10-249) and the other tests' networks
-STEPS = 500
+STEPS = 1000
 CHECKPOINT_EVERY = 100
 TASKS = ("chief-0", "worker-0", "worker-1")
 STALL_S = 30
@@ -113,7 +113,7 @@ def supervisor_times(log: str, what: str) -> list[float]:
 def test_mwms_worker_killed_every_task_restarts_from_the_checkpoint(home, env, cluster):
     """Kill a worker at ~40% under multi_worker_mirrored: every task restarts from the newest checkpoint,
     the step count goes on from there, accuracy as without the fault."""
-    # killed as it logs its step-200 checkpoint: mid-run whatever the machine's speed (a kill after a poll of
+    # killed as it logs its step-400 checkpoint: mid-run whatever the machine's speed (a kill after a poll of
     # the chief's status lands ~1-2 s late)
     at = int(STEPS * 0.4)
     with runs.OnLogLine(home, CLUSTER, cluster, "worker-0", f"^checkpoint saved at step {at}$",
