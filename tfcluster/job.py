@@ -120,7 +120,7 @@ def check(spec: RunSpec) -> dict:
 
 
 def check_files(spec: RunSpec) -> str | None:
-    """Before anything is created (``validate``, ``plan``, ``up``), where the run's store is the local one: the
+    """Before anything is created (``plan``, ``up``; ``validate`` reports it), where the run's store is local: the
     files ``data.train`` and ``data.test`` name are listed as ``train`` lists them, so a mistyped glob or bucket
     is refused (exit status 2) before any node boots.  Returns what was found, or None when nothing is listed
     here: data from ``make_dataset()``, or a store elsewhere, whose files ``train`` lists (``validate`` and
