@@ -35,9 +35,10 @@ def leave_replica_scaling_to_the_step() -> None:
     """Keras 3's mean loss reductions divide by the replicas of the active ``tf.distribute`` strategy (for its
     own ``fit``, which sums the replicas' gradients and multiplies the loss back for its progress).  The replica
     step divides the whole loss itself, the model's own losses included, which Keras leaves undivided: with both,
-    a synchronous strategy's n replicas reported 1/n of the loss and stepped by 1/n^2 of the gradient (an SGD
-    learning rate n times too small).  So Keras's division is turned off in the process that trains; it does
-    nothing without a strategy of several replicas, and the harness calls no ``fit``."""
+    a synchronous strategy's n replicas reported 1/n of the loss and each replica's loss was scaled by 1/n^2, so
+    the summed update followed 1/n of the mean gradient (an SGD learning rate n times too small).  So Keras's
+    division is turned off in the process that trains; it does nothing without a strategy of several replicas,
+    and the harness calls no ``fit``."""
     from keras.src.losses import loss as keras_loss
 
     keras_loss.scale_loss_for_distribution = _unscaled
