@@ -109,9 +109,13 @@ def preflight(spec: RunSpec) -> tuple[Provider, dict]:
     return provider, checked
 
 
-def up(spec: RunSpec) -> list[Node]:
+def up(spec: RunSpec, provider: Provider | None = None) -> list[Node]:
+    """Create the cluster's nodes and wait until Ansible reaches them. ``provider``: the one
+    :func:`preflight` returned for this spec, when the caller ran it already (a sweep checks every group
+    before it creates any); without it the checks run here first, before anything is created."""
     state = ClusterState(spec.cluster)
-    provider, _ = preflight(spec)  # refuse before anything is created
+    if provider is None:
+        provider, _ = preflight(spec)
     state.dir.mkdir(parents=True, exist_ok=True)
     save_spec(state, spec)
     public_key = ensure_ssh_key(state)

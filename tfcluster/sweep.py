@@ -81,13 +81,12 @@ def ensure_groups(spec: RunSpec, parallel: int) -> list[RunSpec]:
     """Bring up every group the sweep needs that is not up yet (all are checked before any is created)."""
     specs = [groups.spec_for(spec, k) for k in range(parallel)]
     missing = [s for s in specs if not ClusterState(s.cluster).nodes.exists()]
-    for s in missing:
-        lifecycle.preflight(s)
+    checked = {s.cluster: lifecycle.preflight(s)[0] for s in missing}
     for s in missing:
         if s.cluster != spec.cluster:
             groups.remember(spec.cluster, s.cluster)   # before anything exists: `down` finds it
         say(f"group {specs.index(s)} of cluster {spec.cluster}: bringing up {s.cluster}")
-        lifecycle.up(s)
+        lifecycle.up(s, checked[s.cluster])
     if parallel > 1:
         say(f"cluster {spec.cluster}: {parallel} groups of {sum(spec.count(r) for r in ('ps', 'worker', 'chief'))}"
             f" nodes ({', '.join(s.cluster for s in specs)}); 'make down' removes them all")

@@ -133,6 +133,19 @@ def test_the_group_record_lists_what_down_must_remove(tmp_path, monkeypatch):
     assert groups.extra("exp") == [] and not (tmp_path / "exp" / "groups.json").exists()
 
 
+def test_each_missing_group_is_checked_once_and_all_before_any_is_created(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(sweep.lifecycle, "preflight", lambda s: calls.append(("check", s.cluster)) or
+                        (f"provider of {s.cluster}", {}))
+    monkeypatch.setattr(sweep.lifecycle, "up", lambda s, provider=None: calls.append(("up", s.cluster, provider)))
+    base = config.resolve({"cluster": "exp", "network": {"subnet": "10.231.240.0/24"}})
+    assert [s.cluster for s in sweep.ensure_groups(base, 2)] == ["exp", "exp-g1"]
+    assert calls == [("check", "exp"), ("check", "exp-g1"),
+                     ("up", "exp", "provider of exp"), ("up", "exp-g1", "provider of exp-g1")]
+    assert groups.extra("exp") == ["exp-g1"]
+
+
 def test_the_record_keeps_what_earlier_runs_of_the_same_sweep_found_by_the_trials_values(tmp_path, spec,
                                                                                        monkeypatch):
     monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
