@@ -122,9 +122,9 @@ def cmd_up(args) -> int:
 
 
 def cmd_down(args) -> int:
-    from . import training
+    from . import teardown
 
-    training.teardown(spec_from_args(args), args.force)
+    teardown.teardown(spec_from_args(args), args.force)
     return 0
 
 
@@ -132,7 +132,7 @@ def run_then_teardown(spec: config.RunSpec, force: bool, steps, always: bool) ->
     """Run the steps; then tear the cluster down (``always``, or only when a step failed or was
     interrupted). A second Ctrl-C during the teardown is ignored. Returns the exit status (the first
     failure's)."""
-    from . import training
+    from . import teardown
 
     status = 0
     try:
@@ -154,7 +154,7 @@ def run_then_teardown(spec: config.RunSpec, force: bool, steps, always: bool) ->
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         cluster.say("tearing down (Ctrl-C is ignored until this is done)")
-        training.teardown(spec, force)
+        teardown.teardown(spec, force)
     except TfclusterError as exc:
         print(f"tfcluster: error: {exc}", file=sys.stderr)
         status = status or exc.exit_code
@@ -195,17 +195,17 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from . import groups, training
+    from . import groups, status
 
     name = cluster_name(args)
-    codes = [cluster.status(c, task_states=training.task_states) for c in (name, *groups.extra(name))]
+    codes = [cluster.status(c, task_states=status.task_states) for c in (name, *groups.extra(name))]
     return max(codes)
 
 
 def cmd_logs(args) -> int:
-    from . import training
+    from . import status
 
-    return training.show_log(cluster_name(args), args.node, lines=args.lines)
+    return status.show_log(cluster_name(args), args.node, lines=args.lines)
 
 
 def cmd_store(args) -> int:

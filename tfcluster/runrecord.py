@@ -2,7 +2,7 @@
 
 A run that did not finish keeps its id, so the next ``make train`` with the same model and batch size
 resumes from its checkpoints; ``down`` refuses while the record says the only copy of a model might be
-lost (see :func:`tfcluster.training.down_guard`).
+lost (see :func:`tfcluster.teardown.down_guard`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""configure, train, publish/verify, logs: the run on an up cluster.
+"""configure, train, publish/verify: the run on an up cluster.
 
 The run's record and its states are in :mod:`tfcluster.runrecord`; commands on the nodes outside
-Ansible in :mod:`tfcluster.remote`.
+Ansible in :mod:`tfcluster.remote`; its progress lines in :mod:`tfcluster.progress`; ``down`` in
+:mod:`tfcluster.teardown`; ``status`` and ``logs`` in :mod:`tfcluster.status`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,11 +17,10 @@ from pathlib import Path
 
 from tfc_harness import strategies
 
-from . import access, ansible_run, collected, configured, groups, job, poll, remote, runrecord, store, wheelhouse
-from .cluster import down as destroy_cluster
+from . import access, ansible_run, collected, configured, job, progress, runrecord, store, wheelhouse
 from .cluster import load_spec, phase, say
 from .config import ROLES, RunSpec
-from .errors import ConfigError, GuardError, TfclusterError
+from .errors import TfclusterError
 from .paths import TRAIN_DIR, ClusterState, artifacts_root
 from .providers import get_provider
 from .providers.base import Node, read_nodes
@@ -124,138 +123,8 @@ def run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
     }
 
 
-def _progress_line(task: dict, sup: dict, eta_s: float | None, data: str | None = None) -> str:
-    if not task:
-        return f"  [{sup.get('state', 'starting')}] waiting for the chief's first report"
-    step, total = task.get("step", 0), task.get("total", 0) or 1
-    parts = [f"[{task.get('phase', sup.get('state', '?'))}] step {step}/{total} ({100 * step // total}%)"]
-    if task.get("loss") is not None:
-        parts.append(f"loss {task['loss']:.4f}")
-    if task.get("examples_per_sec"):
-        parts.append(f"{task['examples_per_sec']:.0f} examples/s")
-    if data is not None:
-        parts.append(data)
-    if eta_s is not None:
-        parts.append(f"eta {eta_s:.0f}s")
-    if sup.get("restarts"):
-        parts.append(f"restarts {sup['restarts']}")
-    return "  " + ", ".join(parts)
-
-
-TERMINAL_TASK_STATES = ("succeeded", "failed", "stopped", "deadline", "lost", "preempted")
-DATA_POLL_S = 15.0        # the workers' read rate, once it is known
-FIRST_DATA_POLL_S = 2.0   # until then: a stream that ends within 15 s of its start must still show one
-FIRST_DATA_WINDOW_S = 60.0  # but only this long: a worker that never reports a rate is not asked every 2 s
-
-
-class ChiefWatch:
-    """One look at the chief per call: prints progress when it changed; returns the final status once
-    its task has ended. Tolerates passing silences and errors, not lasting ones."""
-
-    def __init__(self, state: ClusterState, chief: Node, poll_s: float, streamers: list[Node] = (),
-                 on_training: Callable[[], None] | None = None, on_loop_end: Callable[[], None] | None = None):
-        self.state, self.chief, self.poll_s = state, chief, poll_s
-        self.on_training, self.on_loop_end = on_training, on_loop_end
-        self.last_line, self.misses, self.errors, self.first = "", 0, 0, None
-        self.streamers, self.data_mb_s, self.data_due, self.data_since = list(streamers), None, 0.0, None
-        self.data_kept = False
-        self.notes_shown = 0
-
-    def __call__(self) -> dict | None:
-        try:
-            got = remote.task_status(self.state, self.chief)
-            self.errors = 0
-        except remote.NodeCommandError:
-            self.errors += 1
-            if self.errors >= 3:  # not a passing hiccup: the status cannot be read, so waiting is pointless
-                raise
-            return None
-        if got is None:
-            self.misses += 1
-            if self.misses * self.poll_s > 60:
-                raise TfclusterError(f"the chief {self.chief.name} has not answered for "
-                                     f"{self.misses * self.poll_s:.0f}s")
-            return None
-        self.misses = 0
-        sup, task = got.get("supervisor", {}), got.get("task") or {}
-        self._show_notes(task.get("notes") or [])
-        self._show(_progress_line(task, sup, self._eta(task), self._data_text()))
-        phase, step = task.get("phase"), task.get("step", 0)
-        if self.on_training and phase == "training" and step > 0:
-            self.on_training, call = None, self.on_training
-            call()
-        if self.on_loop_end and (phase in ("evaluating", "publishing")
-                                 or phase == "training" and step >= task.get("total", 0) > 0):
-            self.on_loop_end, call = None, self.on_loop_end
-            call()
-        return got if sup.get("state") in TERMINAL_TASK_STATES else None
-
-    def _data_text(self) -> str | None:
-        rate = self._data_rate()
-        if self.data_kept:
-            return "data from the workers' disks (each file downloaded once)"
-        return None if rate is None else f"data from S3 {rate:.1f} MB/s"
-
-    def _data_rate(self) -> float | None:
-        """The workers' summed S3 read rate (workers streaming files only), looked up every FIRST_DATA_POLL_S
-        until a worker reports one (a worker refreshes it every second) or FIRST_DATA_WINDOW_S have passed,
-        then every DATA_POLL_S."""
-        if not self.streamers or time.monotonic() < self.data_due:
-            return self.data_mb_s
-        self.data_since = self.data_since or time.monotonic()
-        rates, kept = [], 0
-        for node in self.streamers:
-            try:
-                got = remote.task_status(self.state, node, timeout=10) or {}
-            except remote.NodeCommandError:
-                continue
-            data = (got.get("task") or {}).get("data") or {}
-            if data.get("all_kept"):        # its files are on its disk: it reads nothing from S3 any more
-                kept += 1
-            elif data.get("mb_per_s") is not None:
-                rates.append(data["mb_per_s"])
-        self.data_mb_s = sum(rates) if rates else self.data_mb_s
-        self.data_kept = kept == len(self.streamers)     # every one of them said so in this lookup
-        early = self.data_mb_s is None and time.monotonic() - self.data_since < FIRST_DATA_WINDOW_S
-        self.data_due = time.monotonic() + (FIRST_DATA_POLL_S if early else DATA_POLL_S)
-        return self.data_mb_s
-
-    def _eta(self, task: dict) -> float | None:
-        step, total = task.get("step", 0), task.get("total", 0)
-        if task.get("phase") != "training" or not step:
-            return None
-        self.first = self.first or (time.monotonic(), step)
-        rate = (step - self.first[1]) / max(time.monotonic() - self.first[0], 1e-6)
-        return (total - step) / rate if rate > 0 else None
-
-    def _show_notes(self, notes: list[str]) -> None:
-        """The chief's lines for the user (its ``notes``, which only grow during a run), each printed once."""
-        for note in notes[self.notes_shown:]:
-            print(f"  {self.chief.name}: {note}", flush=True)
-        self.notes_shown = max(self.notes_shown, len(notes))
-
-    def _show(self, line: str) -> None:
-        if line != self.last_line:
-            print(line, flush=True)
-            self.last_line = line
-
-
-def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 1.0,
-                   streamers: list[Node] = (), on_training: Callable[[], None] | None = None,
-                   on_loop_end: Callable[[], None] | None = None) -> dict:
-    """Poll the chief's status and print progress until its task ends; return the last status.
-    ``streamers``: the tasks streaming files from S3, whose summed read rate the progress line shows;
-    ``on_training``: called once, when the chief first reports a training step; ``on_loop_end``: called
-    once, when it reports its last step trained (or evaluating, publishing)."""
-    final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers, on_training, on_loop_end), timeout_s,
-                            poll_s)
-    if final is None:
-        raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
-    return final
-
-
-def _stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, console: bool = True,
-                                 stop_chief: bool = False) -> bool:
+def stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, console: bool = True,
+                                stop_chief: bool = False) -> bool:
     """Run playbooks/finish.yml: stop ps and workers (``stop_chief``: every task, as after a Ctrl-C or a
     failure), fetch every node's log and state to .tfcluster/<cluster>/logs/<run-id>/ and remove the tasks'
     credentials file; best effort: a failure is reported, not raised. True when every node's log was fetched."""
@@ -472,7 +341,7 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
         with phase("training"):
             readers = strategies.TRAINING_JOBS[spec.strategy]     # the tasks that stream their own files
             streamers = [n for n in nodes if n.role in readers] if settings.get("data") else []
-            return wait_for_chief(state, chief, settings["max_runtime_s"] + 120, streamers=streamers,
+            return progress.wait_for_chief(state, chief, settings["max_runtime_s"] + 120, streamers=streamers,
                                   on_training=on_training, on_loop_end=on_loop_end)
     except (KeyboardInterrupt, TfclusterError) as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
@@ -544,7 +413,7 @@ def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, st
     says whether every log was fetched (and every credentials file removed), which ``down`` then need not do
     again."""
     with phase("stop the tasks still serving, fetch logs"):
-        run["logs_fetched"] = _stop_serving_and_fetch_logs(state, run["run_id"], len(nodes), stop_chief=stop_chief)
+        run["logs_fetched"] = stop_serving_and_fetch_logs(state, run["run_id"], len(nodes), stop_chief=stop_chief)
     runrecord.write(state, run)
     return state.logs / run["run_id"]
 
@@ -560,7 +429,7 @@ def _finishing_beside(state: ClusterState, nodes: list[Node], run: dict):
     def work() -> None:
         started = time.monotonic()
         try:
-            outcome["fetched"] = _stop_serving_and_fetch_logs(state, run["run_id"], len(nodes), console=False)
+            outcome["fetched"] = stop_serving_and_fetch_logs(state, run["run_id"], len(nodes), console=False)
         except Exception as exc:   # not a failed playbook (that one reports it): e.g. a full disk
             outcome["error"] = f"{type(exc).__name__}: {exc}"
         finally:
@@ -619,134 +488,3 @@ def verify(spec: RunSpec, run: dict, warm=None) -> dict:
     say(f"model verified: {run['s3_prefix']} (copy in {dest}); the metrics above were recomputed from it "
         f"in a fresh process{ahead} and match the chief's")
     return run
-
-
-# -- guard, status, logs -----------------------------------------------------------------------
-def down_guard(cluster: str, force: bool) -> None:
-    """Refuse to destroy a cluster whose run may hold the only copy of a model."""
-    state = ClusterState(cluster)
-    run = runrecord.read(state)
-    if force or run.get("state") not in runrecord.OPEN:
-        return
-    if run["state"] == RunState.UNVERIFIED:
-        why = (f"run {run['run_id']} published a model to {run['s3_prefix']} that has not been verified; "
-               f"run 'make train CLUSTER={cluster}' to verify it")
-    elif run["state"] == RunState.UNPUBLISHED:
-        why = (f"run {run['run_id']} trained to step {run.get('held_step')} but could not store it in S3 "
-               f"({run.get('held_reason')}); the only copy is on {run.get('held_on')} in "
-               f"{run.get('held_path')}; fix the storage and run 'make train CLUSTER={cluster}' to publish it")
-    else:
-        why = (f"run {run['run_id']} is still marked as training (the controller may have been stopped); "
-               f"'make status CLUSTER={cluster}' shows the nodes")
-    raise GuardError(f"refusing to destroy cluster {cluster}: {why}, or 'make down FORCE=1' to destroy anyway")
-
-
-def teardown(spec: RunSpec, force: bool) -> None:
-    """`down` as every caller needs it: the guard, node logs off the nodes, destroy and prove, close the run;
-    for the cluster and each of its sweep groups (every group's guard is checked before any is destroyed)."""
-    extra = groups.extra(spec.cluster)
-    for cluster in (spec.cluster, *extra):
-        down_guard(cluster, force)
-    for cluster in (*extra, spec.cluster):
-        fetch_logs_before_down(cluster)
-        destroy_cluster(cluster, provider_name=spec.provider)
-        close_run_after_down(cluster)
-        if cluster != spec.cluster:
-            groups.forget(spec.cluster, cluster)
-
-
-def close_run_after_down(cluster: str) -> None:
-    """The cluster is gone: a run it left open can no longer be resumed on it."""
-    state = ClusterState(cluster)
-    run = runrecord.read(state)
-    if run.get("state") in runrecord.OPEN:
-        run.update(state=RunState.ABANDONED, abandoned_from=run["state"])
-        runrecord.write(state, run)
-
-
-def fetch_logs_before_down(cluster: str) -> None:
-    """Best effort: a cluster with a run gets its node logs fetched, and the tasks' credentials file removed
-    (a run interrupted before its finish may have left it), before it is destroyed: the run's finish
-    (playbooks/finish.yml), whose stop of ps and workers ends their logs before the nodes go. Without a run
-    of this cluster no task was started, so no node has the file."""
-    state = ClusterState(cluster)
-    run, spec = runrecord.read(state), (load_spec(state) if state.spec.exists() else None)
-    if not run or not spec or not read_nodes(state.nodes):
-        return
-    if state.run.stat().st_mtime < state.nodes.stat().st_mtime:
-        return  # the record is of a run on an earlier cluster of this name
-    if run.get("logs_fetched"):
-        say(f"run {run['run_id']}: every node's log was fetched (and the credentials removed) when its tasks "
-            f"ended: {state.logs / run['run_id']}")
-        return
-    with phase("stop ps and workers, fetch node logs and remove the tasks' credentials before teardown"):
-        _stop_serving_and_fetch_logs(state, run["run_id"], spec.node_total)
-
-
-def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:
-    out = {}
-    for n in nodes:
-        try:
-            got = remote.task_status(state, n, timeout=10)
-        except remote.NodeCommandError as exc:
-            out[n.name] = f"error: {exc}"
-            continue
-        if got is None:
-            out[n.name] = "no answer"
-            continue
-        sup, task = got.get("supervisor") or {}, got.get("task") or {}
-        text = sup.get("state", "idle")
-        if sup.get("restarts"):
-            text += f" (restarts {sup['restarts']})"
-        if n.role == "chief" and task:
-            text += f", {task.get('phase', '?')} step {task.get('step', 0)}/{task.get('total', 0)}"
-            if task.get("examples_per_sec"):
-                text += f", {task['examples_per_sec']:.0f} examples/s"
-        if task.get("data"):
-            text += _stream_text(task["data"])
-        out[n.name] = text + _notes_text(task.get("notes") or [])
-    return out
-
-
-def _notes_text(notes: list[str]) -> str:
-    """The chief's notes for the user (a warning on its optimizer, say) in `make status`: a line each, below
-    its node's row, as `train` printed them."""
-    return "".join(f"\n    {note}" for note in notes)
-
-
-def _stream_text(d: dict) -> str:
-    """A worker's data stream in `make status`: rate, epoch, bytes read, and its error if it stopped."""
-    if d.get("all_kept"):
-        text = (f", data from its disk: its {d.get('files', 0)} files were downloaded once "
-                f"({(d.get('bytes') or 0) / 1e6:.0f} MB), {d.get('reused', 0)} reads of them since (epoch "
-                f"{d.get('epoch', 0)})")
-    else:
-        text = (f", data from S3 {d.get('mb_per_s') or 0:.1f} MB/s (epoch {d.get('epoch', 0)}, "
-                f"{(d.get('bytes') or 0) / 1e6:.0f} MB read)")
-    return text + (f", error: {d['error']}" if d.get("error") else "")
-
-
-def show_log(cluster: str, node_name: str | None, lines: int = 200) -> int:
-    state = ClusterState(cluster)
-    nodes = {n.name: n for n in read_nodes(state.nodes)}
-    run = runrecord.read(state)
-    fetched_dir = state.logs / run.get("run_id", "-")
-    if node_name is None or (node_name not in nodes and not (fetched_dir / node_name / "node.log").exists()):
-        up = ", ".join(sorted(nodes))
-        kept = ", ".join(sorted(p.parent.name for p in fetched_dir.glob("*/node.log")))
-        known = (f"a node of cluster {cluster}: {up}" if up else
-                 f"a node of cluster {cluster}'s last run, whose logs were fetched: {kept}" if kept else
-                 f"a node of cluster {cluster}, which is not up and has no fetched log")
-        raise ConfigError("node (make logs NODE=...)", node_name or "", known)
-    if node_name in nodes:
-        text = remote.task_log(state, nodes[node_name], lines)
-        if text is not None:
-            sys.stdout.write(text)
-            return 0
-    fetched = fetched_dir / node_name / "node.log"
-    if fetched.exists():
-        print(f"(node not reachable or without a log now; fetched log {fetched})")
-        sys.stdout.write("\n".join(fetched.read_text(errors="replace").splitlines()[-lines:]) + "\n")
-        return 0
-    raise TfclusterError(f"node {node_name} does not answer (or has no log yet) and no log of it was fetched")
-

@@ -111,7 +111,7 @@ def test_first_contact_and_the_short_playbooks_run_without_mitogen(state, monkey
 
     calls = []
     monkeypatch.setattr(ansible_run, "playbook", lambda _s, name, _e, **kw: calls.append((name, kw)) or {})
-    training._stop_serving_and_fetch_logs(state, "r1", 4)
+    training.stop_serving_and_fetch_logs(state, "r1", 4)
     assert calls[-1][0] == "finish.yml" and calls[-1][1]["mitogen"] is False
     monkeypatch.setattr(training.runrecord, "write", lambda *a: None)
     training._finish(None, state, [], {"run_id": "r1"}, stop_chief=True)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tfcluster import runrecord, training
+from tfcluster import progress, runrecord, status, training
 from tfcluster.errors import TfclusterError
 from tfcluster.paths import ClusterState
 from tfcluster.providers.base import Node
@@ -48,7 +48,7 @@ def _record_spans(monkeypatch, verify_result):
         run["state"] = runrecord.RunState.VERIFIED
         return run
 
-    monkeypatch.setattr(training, "_stop_serving_and_fetch_logs", fetch)
+    monkeypatch.setattr(training, "stop_serving_and_fetch_logs", fetch)
     monkeypatch.setattr(training, "verify", verify)
     return spans
 
@@ -77,7 +77,7 @@ def test_the_fetch_is_waited_for_and_recorded_when_verification_fails(state, mon
 
 def test_a_failed_run_fetches_the_logs_before_it_reports(state, monkeypatch):
     calls = []
-    monkeypatch.setattr(training, "_stop_serving_and_fetch_logs", lambda *a, **kw: calls.append(kw) or True)
+    monkeypatch.setattr(training, "stop_serving_and_fetch_logs", lambda *a, **kw: calls.append(kw) or True)
     monkeypatch.setattr(training, "verify", lambda *a: pytest.fail("a failed run is not verified"))
     run = {"run_id": "r1", "state": "started"}
     with pytest.raises(TfclusterError, match="training failed: the chief's task ended 'failed'"):
@@ -86,7 +86,7 @@ def test_a_failed_run_fetches_the_logs_before_it_reports(state, monkeypatch):
 
 
 def test_a_failed_run_names_the_chiefs_own_error(state, monkeypatch):
-    monkeypatch.setattr(training, "_stop_serving_and_fetch_logs", lambda *a, **kw: True)
+    monkeypatch.setattr(training, "stop_serving_and_fetch_logs", lambda *a, **kw: True)
     final = {"supervisor": {"state": "failed", "exit_code": 1, "restarts": 3},
              "task": {"phase": "failed", "error": "Diverged: the training loss became nan in steps 101-110"}}
     with pytest.raises(TfclusterError, match=r"^training failed: the chief's task ended 'failed' \(exit 1, "
@@ -95,7 +95,7 @@ def test_a_failed_run_names_the_chiefs_own_error(state, monkeypatch):
 
 
 def test_a_long_error_of_the_chief_is_cut_to_its_first_line(state, monkeypatch):
-    monkeypatch.setattr(training, "_stop_serving_and_fetch_logs", lambda *a, **kw: True)
+    monkeypatch.setattr(training, "stop_serving_and_fetch_logs", lambda *a, **kw: True)
     final = {"supervisor": {"state": "failed", "exit_code": 1},
              "task": {"error": "InternalError: " + "x" * 500 + "\n\tAdditional GRPC error information: ..."}}
     with pytest.raises(TfclusterError) as exc:
@@ -121,7 +121,7 @@ def test_ctrl_c_during_verification_waits_for_the_finish_and_records_it(state, m
 
 def test_an_unexpected_error_in_the_finish_is_a_warning_and_recorded(state, monkeypatch, capsys):
     _record_spans(monkeypatch, None)
-    monkeypatch.setattr(training, "_stop_serving_and_fetch_logs",
+    monkeypatch.setattr(training, "stop_serving_and_fetch_logs",
                         lambda *a, **kw: (_ for _ in ()).throw(OSError("disk full")))
     run = {"run_id": "r1", "state": "started"}
     assert training._conclude(None, state, NODES, run, SUCCEEDED)["state"] == "verified"
@@ -154,9 +154,9 @@ def test_the_chief_watch_calls_on_training_once_at_the_first_training_step(state
                     {"supervisor": {"state": "running"}, "task": {"phase": "training", "step": 3, "total": 10}},
                     {"supervisor": {"state": "running"}, "task": {"phase": "training", "step": 7, "total": 10}},
                     {"supervisor": {"state": "succeeded"}, "task": {"phase": "done", "step": 10, "total": 10}}])
-    monkeypatch.setattr(training.remote, "task_status", lambda *a, **kw: next(reports))
+    monkeypatch.setattr(progress.remote, "task_status", lambda *a, **kw: next(reports))
     calls = []
-    watch = training.ChiefWatch(state, NODES[0], 0.01, on_training=lambda: calls.append(watch.last_line))
+    watch = progress.ChiefWatch(state, NODES[0], 0.01, on_training=lambda: calls.append(watch.last_line))
     seen = [watch() for _ in range(6)]
     assert seen[-1]["supervisor"]["state"] == "succeeded" and seen[:-1] == [None] * 5
     assert len(calls) == 1 and "step 3/10" in calls[0], calls     # once, at the first step trained
@@ -171,8 +171,8 @@ def test_the_chief_watch_prints_each_of_the_chiefs_notes_once(state, monkeypatch
                                                                    "notes": [note, "second"]}},
                     {"supervisor": {"state": "succeeded"}, "task": {"phase": "done", "step": 10, "total": 10,
                                                                      "notes": [note, "second"]}}])
-    monkeypatch.setattr(training.remote, "task_status", lambda *a, **kw: next(reports))
-    watch = training.ChiefWatch(state, NODES[0], 0.01)
+    monkeypatch.setattr(progress.remote, "task_status", lambda *a, **kw: next(reports))
+    watch = progress.ChiefWatch(state, NODES[0], 0.01)
     for _ in range(4):
         watch()
     lines = capsys.readouterr().out.splitlines()
@@ -194,9 +194,9 @@ DONE = _report("done", 10, "succeeded")
 ])
 def test_the_chief_watch_calls_on_loop_end_once_when_the_last_step_is_trained(state, monkeypatch, reports, at):
     it = iter(reports)
-    monkeypatch.setattr(training.remote, "task_status", lambda *a, **kw: next(it))
+    monkeypatch.setattr(progress.remote, "task_status", lambda *a, **kw: next(it))
     calls, seen = [], []
-    watch = training.ChiefWatch(state, NODES[0], 0.01, on_loop_end=lambda: calls.append(len(seen)))
+    watch = progress.ChiefWatch(state, NODES[0], 0.01, on_loop_end=lambda: calls.append(len(seen)))
     for _ in reports:
         seen.append(watch())
     assert calls == [at], calls      # once, at the first report of the loop's end (index into the reports)
@@ -247,25 +247,25 @@ def test_the_chief_watch_looks_up_the_workers_read_rate_often_until_one_reports_
     """A stream can end within DATA_POLL_S of its start: the rate is asked for every FIRST_DATA_POLL_S until a
     worker reports one, and only then every DATA_POLL_S."""
     clock = [100.0]
-    monkeypatch.setattr(training.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
     worker = NODES[1]
     asked, rates = [], iter([None, None, 42.5, 50.0])
 
-    def status(_state, node, timeout=None):
+    def report(_state, node, timeout=None):
         if node is worker:
             asked.append(clock[0])
             rate = next(rates)
             return {"task": {"data": {"mb_per_s": rate}} if rate is not None else {}}
         return _report("training", 3)
 
-    monkeypatch.setattr(training.remote, "task_status", status)
-    watch = training.ChiefWatch(state, NODES[0], 1.0, streamers=[worker])
+    monkeypatch.setattr(progress.remote, "task_status", report)
+    watch = progress.ChiefWatch(state, NODES[0], 1.0, streamers=[worker])
     for _ in range(20):          # one call a second, as wait_for_chief makes them
         watch()
         clock[0] += 1.0
-    first = training.FIRST_DATA_POLL_S
+    first = progress.FIRST_DATA_POLL_S
     assert asked[:3] == [100.0, 100.0 + first, 100.0 + 2 * first], asked     # until the first rate
-    assert asked[3] == asked[2] + training.DATA_POLL_S, asked                   # then the slow period
+    assert asked[3] == asked[2] + progress.DATA_POLL_S, asked                   # then the slow period
     assert "data from S3 42.5 MB/s" in capsys.readouterr().out
 
 
@@ -278,45 +278,45 @@ def test_the_chief_watch_says_when_the_workers_read_their_kept_files(state, monk
     workers = [NODES[1], Node("c-worker-1", "worker", 1, "10.0.0.12", "10.0.0.12", "debian", 22, 0)]
     data = {workers[0].name: {"mb_per_s": 9.0, "all_kept": True, "reused": 2}, workers[1].name: second}
 
-    def status(_state, node, timeout=None):
+    def report(_state, node, timeout=None):
         if node not in workers:
             return _report("training", 3)
         return {"task": {"data": data[node.name]}} if data[node.name] else {}
 
-    monkeypatch.setattr(training.remote, "task_status", status)
-    training.ChiefWatch(state, NODES[0], 1.0, streamers=workers)()
+    monkeypatch.setattr(progress.remote, "task_status", report)
+    progress.ChiefWatch(state, NODES[0], 1.0, streamers=workers)()
     out = capsys.readouterr().out
     assert (shown in out and out.count("data ") == 1) if shown else "data " not in out, out
 
 
 def test_the_chief_watch_asks_a_silent_worker_for_its_rate_often_only_at_first(state, monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(training.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
     worker, asked = NODES[1], []
 
-    def status(_state, node, timeout=None):
+    def report(_state, node, timeout=None):
         if node is worker:
             asked.append(clock[0])
             return {"task": {}}                  # never a rate
         return _report("training", 3)
 
-    monkeypatch.setattr(training.remote, "task_status", status)
-    watch = training.ChiefWatch(state, NODES[0], 1.0, streamers=[worker])
+    monkeypatch.setattr(progress.remote, "task_status", report)
+    watch = progress.ChiefWatch(state, NODES[0], 1.0, streamers=[worker])
     for _ in range(200):
         watch()
         clock[0] += 1.0
     gaps = [b - a for a, b in zip(asked, asked[1:], strict=False)]
-    early = int(training.FIRST_DATA_WINDOW_S / training.FIRST_DATA_POLL_S)
-    assert set(gaps[:early - 1]) == {training.FIRST_DATA_POLL_S}, gaps
-    assert set(gaps[early + 1:]) == {training.DATA_POLL_S}, gaps      # then the slow period, for good
+    early = int(progress.FIRST_DATA_WINDOW_S / progress.FIRST_DATA_POLL_S)
+    assert set(gaps[:early - 1]) == {progress.FIRST_DATA_POLL_S}, gaps
+    assert set(gaps[early + 1:]) == {progress.DATA_POLL_S}, gaps      # then the slow period, for good
 
 
 def test_make_status_says_a_worker_reads_its_kept_files_without_an_old_s3_rate():
-    kept = training._stream_text({"bytes": 19588, "mb_per_s": 0.3, "epoch": 39, "files": 3, "error": None,
+    kept = status._stream_text({"bytes": 19588, "mb_per_s": 0.3, "epoch": 39, "files": 3, "error": None,
                                   "reused": 114, "all_kept": True})
     assert kept == (", data from its disk: its 3 files were downloaded once (0 MB), 114 reads of them since "
                     "(epoch 39)")
-    streaming = training._stream_text({"bytes": 2e9, "mb_per_s": 41.5, "epoch": 1, "files": 9, "error": None})
+    streaming = status._stream_text({"bytes": 2e9, "mb_per_s": 41.5, "epoch": 1, "files": 9, "error": None})
     assert streaming == ", data from S3 41.5 MB/s (epoch 1, 2000 MB read)"
 
 
@@ -324,12 +324,12 @@ def test_make_status_shows_the_chiefs_notes_below_its_row(monkeypatch):
     notes = ["warning: make_optimizer returns keras.optimizers.RMSprop: under parameter_server ...",
              "warning: 1 variable(s) (emb:0) are updated by Keras's own Adam update"]
 
-    def status(state, node, timeout):
+    def report(state, node, timeout):
         task = {"phase": "training", "step": 5, "total": 10}
         return {"supervisor": {"state": "running"}, "task": task | ({"notes": notes} if node.role == "chief" else {})}
 
-    monkeypatch.setattr(training.remote, "task_status", status)
-    states = training.task_states(None, NODES)
+    monkeypatch.setattr(status.remote, "task_status", report)
+    states = status.task_states(None, NODES)
     chief = next(n.name for n in NODES if n.role == "chief")
     assert states[chief].splitlines()[1:] == [f"    {note}" for note in notes], states[chief]
     assert all("\n" not in text for name, text in states.items() if name != chief), states

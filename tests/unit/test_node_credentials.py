@@ -125,7 +125,7 @@ def test_keys_reach_ansible_only_when_the_tasks_start():
     assert "s3_env" not in configure
     run_tasks = source[source.index("def _run_tasks("):source.index("def _conclude(")]
     assert re.search(r'playbook\(state, "train\.yml", [^\n]*\n[^\n]*env=s3_env\(spec\)\)', run_tasks), run_tasks
-    fetch = source[source.index("def _stop_serving_and_fetch_logs("):source.index("def train(")]
+    fetch = source[source.index("def stop_serving_and_fetch_logs("):source.index("def train(")]
     assert "s3_env" not in fetch and "env=" not in fetch.replace("console=console", "")
     main = yaml.safe_load((REPO / "roles/tf_node/tasks/main.yml").read_text())
     assert [t for t in main if "ansible.builtin.copy" in t and "AWS_" in str(t)] == []
@@ -137,7 +137,7 @@ def test_down_fetches_the_logs_again_only_when_the_runs_finish_did_not(tmp_path,
     fetched again before teardown; one whose finish failed or never ran is."""
     import time
 
-    from tfcluster import runrecord, training
+    from tfcluster import runrecord, teardown
     from tfcluster.providers.base import write_nodes
 
     monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
@@ -147,10 +147,10 @@ def test_down_fetches_the_logs_again_only_when_the_runs_finish_did_not(tmp_path,
     write_nodes(state.nodes, [Node("c-chief-0", "chief", 0, "10.0.0.10", "10.0.0.10", "debian", 22, 0)])
     time.sleep(0.01)
     runrecord.write(state, {"run_id": "r1", "state": "verified", "logs_fetched": fetched})
-    monkeypatch.setattr(training, "load_spec", lambda _state: type("Spec", (), {"node_total": 1})())
+    monkeypatch.setattr(teardown, "load_spec", lambda _state: type("Spec", (), {"node_total": 1})())
     plays = []
-    monkeypatch.setattr(training.ansible_run, "playbook", lambda _s, name, _e, **kw: plays.append(name))
-    training.fetch_logs_before_down("c")
+    monkeypatch.setattr(ansible_run, "playbook", lambda _s, name, _e, **kw: plays.append(name))
+    teardown.fetch_logs_before_down("c")
     assert plays == ([] if fetched else ["finish.yml"])
     if fetched:
         assert "every node's log was fetched" in capsys.readouterr().out

@@ -1,0 +1,142 @@
+"""What ``train`` prints while the chief trains: one look at the chief's status per poll (its step, loss,
+rate, the time left, the workers' data stream, its notes), until its task ends."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from . import poll, remote
+from .errors import TfclusterError
+from .paths import ClusterState
+from .providers.base import Node
+
+
+def progress_line(task: dict, sup: dict, eta_s: float | None, data: str | None = None) -> str:
+    if not task:
+        return f"  [{sup.get('state', 'starting')}] waiting for the chief's first report"
+    step, total = task.get("step", 0), task.get("total", 0) or 1
+    parts = [f"[{task.get('phase', sup.get('state', '?'))}] step {step}/{total} ({100 * step // total}%)"]
+    if task.get("loss") is not None:
+        parts.append(f"loss {task['loss']:.4f}")
+    if task.get("examples_per_sec"):
+        parts.append(f"{task['examples_per_sec']:.0f} examples/s")
+    if data is not None:
+        parts.append(data)
+    if eta_s is not None:
+        parts.append(f"eta {eta_s:.0f}s")
+    if sup.get("restarts"):
+        parts.append(f"restarts {sup['restarts']}")
+    return "  " + ", ".join(parts)
+
+
+TERMINAL_TASK_STATES = ("succeeded", "failed", "stopped", "deadline", "lost", "preempted")
+DATA_POLL_S = 15.0        # the workers' read rate, once it is known
+FIRST_DATA_POLL_S = 2.0   # until then: a stream that ends within 15 s of its start must still show one
+FIRST_DATA_WINDOW_S = 60.0  # but only this long: a worker that never reports a rate is not asked every 2 s
+
+
+class ChiefWatch:
+    """One look at the chief per call: prints progress when it changed; returns the final status once
+    its task has ended. Tolerates passing silences and errors, not lasting ones."""
+
+    def __init__(self, state: ClusterState, chief: Node, poll_s: float, streamers: list[Node] = (),
+                 on_training: Callable[[], None] | None = None, on_loop_end: Callable[[], None] | None = None):
+        self.state, self.chief, self.poll_s = state, chief, poll_s
+        self.on_training, self.on_loop_end = on_training, on_loop_end
+        self.last_line, self.misses, self.errors, self.first = "", 0, 0, None
+        self.streamers, self.data_mb_s, self.data_due, self.data_since = list(streamers), None, 0.0, None
+        self.data_kept = False
+        self.notes_shown = 0
+
+    def __call__(self) -> dict | None:
+        try:
+            got = remote.task_status(self.state, self.chief)
+            self.errors = 0
+        except remote.NodeCommandError:
+            self.errors += 1
+            if self.errors >= 3:  # not a passing hiccup: the status cannot be read, so waiting is pointless
+                raise
+            return None
+        if got is None:
+            self.misses += 1
+            if self.misses * self.poll_s > 60:
+                raise TfclusterError(f"the chief {self.chief.name} has not answered for "
+                                     f"{self.misses * self.poll_s:.0f}s")
+            return None
+        self.misses = 0
+        sup, task = got.get("supervisor", {}), got.get("task") or {}
+        self._show_notes(task.get("notes") or [])
+        self._show(progress_line(task, sup, self._eta(task), self._data_text()))
+        phase, step = task.get("phase"), task.get("step", 0)
+        if self.on_training and phase == "training" and step > 0:
+            self.on_training, call = None, self.on_training
+            call()
+        if self.on_loop_end and (phase in ("evaluating", "publishing")
+                                 or phase == "training" and step >= task.get("total", 0) > 0):
+            self.on_loop_end, call = None, self.on_loop_end
+            call()
+        return got if sup.get("state") in TERMINAL_TASK_STATES else None
+
+    def _data_text(self) -> str | None:
+        rate = self._data_rate()
+        if self.data_kept:
+            return "data from the workers' disks (each file downloaded once)"
+        return None if rate is None else f"data from S3 {rate:.1f} MB/s"
+
+    def _data_rate(self) -> float | None:
+        """The workers' summed S3 read rate (workers streaming files only), looked up every FIRST_DATA_POLL_S
+        until a worker reports one (a worker refreshes it every second) or FIRST_DATA_WINDOW_S have passed,
+        then every DATA_POLL_S."""
+        if not self.streamers or time.monotonic() < self.data_due:
+            return self.data_mb_s
+        self.data_since = self.data_since or time.monotonic()
+        rates, kept = [], 0
+        for node in self.streamers:
+            try:
+                got = remote.task_status(self.state, node, timeout=10) or {}
+            except remote.NodeCommandError:
+                continue
+            data = (got.get("task") or {}).get("data") or {}
+            if data.get("all_kept"):        # its files are on its disk: it reads nothing from S3 any more
+                kept += 1
+            elif data.get("mb_per_s") is not None:
+                rates.append(data["mb_per_s"])
+        self.data_mb_s = sum(rates) if rates else self.data_mb_s
+        self.data_kept = kept == len(self.streamers)     # every one of them said so in this lookup
+        early = self.data_mb_s is None and time.monotonic() - self.data_since < FIRST_DATA_WINDOW_S
+        self.data_due = time.monotonic() + (FIRST_DATA_POLL_S if early else DATA_POLL_S)
+        return self.data_mb_s
+
+    def _eta(self, task: dict) -> float | None:
+        step, total = task.get("step", 0), task.get("total", 0)
+        if task.get("phase") != "training" or not step:
+            return None
+        self.first = self.first or (time.monotonic(), step)
+        rate = (step - self.first[1]) / max(time.monotonic() - self.first[0], 1e-6)
+        return (total - step) / rate if rate > 0 else None
+
+    def _show_notes(self, notes: list[str]) -> None:
+        """The chief's lines for the user (its ``notes``, which only grow during a run), each printed once."""
+        for note in notes[self.notes_shown:]:
+            print(f"  {self.chief.name}: {note}", flush=True)
+        self.notes_shown = max(self.notes_shown, len(notes))
+
+    def _show(self, line: str) -> None:
+        if line != self.last_line:
+            print(line, flush=True)
+            self.last_line = line
+
+
+def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 1.0,
+                   streamers: list[Node] = (), on_training: Callable[[], None] | None = None,
+                   on_loop_end: Callable[[], None] | None = None) -> dict:
+    """Poll the chief's status and print progress until its task ends; return the last status.
+    ``streamers``: the tasks streaming files from S3, whose summed read rate the progress line shows;
+    ``on_training``: called once, when the chief first reports a training step; ``on_loop_end``: called
+    once, when it reports its last step trained (or evaluating, publishing)."""
+    final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers, on_training, on_loop_end), timeout_s,
+                            poll_s)
+    if final is None:
+        raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
+    return final
