@@ -361,5 +361,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tfcluster: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("tfcluster: interrupted; run 'make down' to remove anything that was created", file=sys.stderr)
+        print("tfcluster: interrupted; whatever was created stays until 'make down' removes it", file=sys.stderr)
         return 130

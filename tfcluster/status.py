@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from . import remote, runrecord
+from . import groups, remote, runrecord
 from .errors import ConfigError, TfclusterError
 from .paths import ClusterState
 from .providers.base import Node, read_nodes
@@ -55,25 +55,41 @@ def _stream_text(d: dict) -> str:
 
 
 def show_log(cluster: str, node_name: str | None, lines: int = 200) -> int:
-    state = ClusterState(cluster)
-    nodes = {n.name: n for n in read_nodes(state.nodes)}
-    run = runrecord.read(state)
-    fetched_dir = state.logs / run.get("run_id", "-")
-    if node_name is None or (node_name not in nodes and not (fetched_dir / node_name / "node.log").exists()):
-        up = ", ".join(sorted(nodes))
-        kept = ", ".join(sorted(p.parent.name for p in fetched_dir.glob("*/node.log")))
-        known = (f"a node of cluster {cluster}: {up}" if up else
-                 f"a node of cluster {cluster}'s last run, whose logs were fetched: {kept}" if kept else
-                 f"a node of cluster {cluster}, which is not up and has no fetched log")
-        raise ConfigError("node (make logs NODE=...)", node_name or "", known)
-    if node_name in nodes:
-        text = remote.task_log(state, nodes[node_name], lines)
+    """Print a node of the cluster's (or of one of its sweep groups') log: the live one while the node
+    answers, else the copy fetched at its last run's end."""
+    found = next((where for where in map(_node_log, (cluster, *groups.extra(cluster)))
+                  if node_name in where["nodes"] or node_name in where["fetched"]), None)
+    if node_name is None or found is None:
+        raise ConfigError("node (make logs NODE=...)", node_name or "", _known_nodes(cluster))
+    state, node = found["state"], found["nodes"].get(node_name)
+    if node is not None:
+        text = remote.task_log(state, node, lines)
         if text is not None:
             sys.stdout.write(text)
             return 0
-    fetched = fetched_dir / node_name / "node.log"
-    if fetched.exists():
+    fetched = found["fetched"].get(node_name)
+    if fetched is not None:
         print(f"(node not reachable or without a log now; fetched log {fetched})")
         sys.stdout.write("\n".join(fetched.read_text(errors="replace").splitlines()[-lines:]) + "\n")
         return 0
     raise TfclusterError(f"node {node_name} does not answer (or has no log yet) and no log of it was fetched")
+
+
+def _node_log(cluster: str) -> dict:
+    """A cluster's nodes that are up, and the logs its last run fetched (by node name)."""
+    state = ClusterState(cluster)
+    fetched_dir = state.logs / runrecord.read(state).get("run_id", "-")
+    return {"cluster": cluster, "state": state, "nodes": {n.name: n for n in read_nodes(state.nodes)},
+            "fetched": {p.parent.name: p for p in fetched_dir.glob("*/node.log")}}
+
+
+def _known_nodes(cluster: str) -> str:
+    """What ``make logs NODE=`` may name: each group's nodes that are up, else its last run's fetched logs."""
+    parts = []
+    for where in map(_node_log, (cluster, *groups.extra(cluster))):
+        if where["nodes"]:
+            parts.append(f"a node of cluster {where['cluster']}: {', '.join(sorted(where['nodes']))}")
+        elif where["fetched"]:
+            parts.append(f"a node of cluster {where['cluster']}'s last run, whose logs were fetched: "
+                         f"{', '.join(sorted(where['fetched']))}")
+    return "; ".join(parts) or f"a node of cluster {cluster}, which is not up and has no fetched log"

@@ -248,9 +248,16 @@ def _fmt(value) -> str:
 
 # -- the result --------------------------------------------------------------------------------------------
 def ranked(trials: list[dict], direction: str) -> list[dict]:
-    """Verified trials best first by the metric, then the others in their order."""
+    """Verified trials best first by the metric (equal values: the lower test loss first, as accuracy 1.0 in
+    two trials says nothing about which is better), then the others in their order."""
     done = [t for t in trials if t.get("state") == "verified" and isinstance(t.get("metric"), (int, float))]
-    done.sort(key=lambda t: t["metric"], reverse=direction == "maximize")
+    sign = -1 if direction == "maximize" else 1
+
+    def order(t: dict) -> tuple:
+        loss = (t.get("metrics") or {}).get("test_loss")
+        return sign * t["metric"], loss if isinstance(loss, (int, float)) else float("inf")
+
+    done.sort(key=order)
     return done + [t for t in trials if t not in done]
 
 

@@ -155,10 +155,13 @@ def load(path: str | Path, spec: RunSpec) -> Sweep:
     metric = str(data.get("metric", allowed[1] if len(allowed) > 1 else "loss")).removeprefix("test_")
     if metric not in allowed:
         raise _fail(path, "metric", metric, f"a metric of {checked['module']}: {', '.join(allowed)}")
-    direction = data.get("direction", _default_direction(metric))
+    known = _default_direction(metric)
+    direction = data.get("direction", known)
     if direction not in DIRECTIONS:
         raise _fail(path, "direction", direction, "maximize or minimize"
-                    + ("" if _default_direction(metric) else f" (no default for the metric {metric})"))
+                    + ("" if known else f" (no default for the metric {metric})"))
+    if known and direction != known:   # the best trial would be the worst one
+        raise _fail(path, "direction", direction, f"{known}, the direction of {metric} (or leave direction out)")
     sweep = Sweep(name=name, path=path, method=method, parameters={str(k): v for k, v in params.items()},
                   metric=f"test_{metric}", direction=direction, parallel=parallel, seed=seed, count=count)
     sweep.trials = expand(sweep)

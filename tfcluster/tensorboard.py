@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from . import store
 from .cluster import say
@@ -62,9 +63,9 @@ def choose(available: list[str], wanted: str | None, where: str) -> list[str]:
     return available
 
 
-def fetch(client, bucket: str, prefix: str, runs: list[str], dest: Path) -> str:
+def fetch(client, bucket: str, prefix: str, runs: list[str], dest: Path) -> Fetched:
     """Copy each run's event files to ``dest/<run>/``, skipping files whose local copy has the same size
-    (event files only grow); returns what it did (``2 file(s) fetched (14.1 kB), 1 unchanged``)."""
+    (event files only grow); returns what it did."""
     from tfc_harness import s3io
 
     fetched, unchanged = [], 0
@@ -79,7 +80,20 @@ def fetch(client, bucket: str, prefix: str, runs: list[str], dest: Path) -> str:
                 continue
             s3io.download_file(client, bucket, obj["Key"], target)
             fetched.append(obj["Size"])
-    return f"{len(fetched)} file(s) fetched ({sum(fetched) / 1e3:.1f} kB), {unchanged} unchanged"
+    return Fetched(len(fetched), sum(fetched), unchanged)
+
+
+class Fetched(NamedTuple):
+    """What :func:`fetch` did; ``str``: ``2 file(s) fetched (14.1 kB), 1 unchanged``."""
+    files: int
+    size: int
+    unchanged: int
+
+    def __add__(self, other: Fetched) -> Fetched:
+        return Fetched(*(a + b for a, b in zip(self, other, strict=True)))
+
+    def __str__(self) -> str:
+        return f"{self.files} file(s) fetched ({self.size / 1e3:.1f} kB), {self.unchanged} unchanged"
 
 
 def link_view(source: Path, runs: list[str], view: Path) -> Path:
@@ -144,18 +158,18 @@ def sweep_runs(spec: RunSpec, sweep_file: str, client) -> list[tuple[str, str, s
     return runs
 
 
-def _fetch_sweep(spec: RunSpec, sweep_file: str, client, dest: Path) -> tuple[list[str], str, Path]:
+def _fetch_sweep(spec: RunSpec, sweep_file: str, client, dest: Path) -> tuple[list[str], Fetched, Path]:
     """Fetch every trial's events into ``dest/<group>/<run>`` and link them by trial name."""
-    names, done = [], []
+    names, done = [], Fetched(0, 0, 0)
     links = dest / "_sweep"
     shutil.rmtree(links, ignore_errors=True)
     links.mkdir(parents=True)
     for group, run_id, name in sweep_runs(spec, sweep_file, client):
-        done.append(fetch(client, spec.storage.bucket, f"{spec.storage.prefix}/{group}", [run_id], dest / group))
+        done += fetch(client, spec.storage.bucket, f"{spec.storage.prefix}/{group}", [run_id], dest / group)
         (dest / group / run_id).mkdir(parents=True, exist_ok=True)
         (links / name).symlink_to(dest / group / run_id, target_is_directory=True)
         names.append(name)
-    return names, "; ".join(done), links
+    return names, done, links
 
 
 def show(spec: RunSpec, run: str | None = None, port: int = 0, sweep: str | None = None) -> int:

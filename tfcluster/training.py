@@ -342,7 +342,7 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
             readers = strategies.TRAINING_JOBS[spec.strategy]     # the tasks that stream their own files
             streamers = [n for n in nodes if n.role in readers] if settings.get("data") else []
             return progress.wait_for_chief(state, chief, settings["max_runtime_s"] + 120, streamers=streamers,
-                                  on_training=on_training, on_loop_end=on_loop_end)
+                                           on_training=on_training, on_loop_end=on_loop_end)
     except (KeyboardInterrupt, TfclusterError) as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         run["state"] = RunState.INTERRUPTED if interrupted else RunState.FAILED

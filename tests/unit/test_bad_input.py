@@ -102,3 +102,20 @@ def test_logs_of_an_unknown_node_or_none_name_the_nodes_whose_logs_were_fetched(
             "tfct-bad-worker-0"]
     res = run_cli("logs", "--cluster", "tfct-bad", "tfct-bad-worker-0", home=home, timeout=60)
     assert res.returncode == 0 and "tfct-bad-worker-0 says hello" in res.stdout, res.stdout + res.stderr
+
+
+def test_logs_finds_a_node_of_a_sweep_group_from_the_clusters_name(home):
+    """A sweep's group k is cluster <name>-gk: `make logs` of the cluster finds its nodes' logs too, and the
+    error for an unknown node names every group's nodes."""
+    for cluster in ("tfct-bad", "tfct-bad-g1"):
+        node = home / cluster / "logs" / "r1" / f"{cluster}-chief-0"
+        node.mkdir(parents=True)
+        (node / "node.log").write_text(f"{cluster} chief says hello\n")
+        (home / cluster / "run.json").write_text('{"run_id": "r1", "state": "verified"}')
+    (home / "tfct-bad" / "groups.json").write_text('{"groups": ["tfct-bad-g1"]}')
+    res = run_cli("logs", "--cluster", "tfct-bad", "tfct-bad-g1-chief-0", home=home, timeout=60)
+    assert res.returncode == 0 and "tfct-bad-g1 chief says hello" in res.stdout, res.stdout + res.stderr
+    res = run_cli("logs", "--cluster", "tfct-bad", "tfct-bad-g2-chief-0", home=home, timeout=60)
+    assert res.returncode == 2 and res.stderr.strip().endswith(
+        "whose logs were fetched: tfct-bad-chief-0; a node of cluster tfct-bad-g1's last run, whose logs were "
+        "fetched: tfct-bad-g1-chief-0"), res.stderr

@@ -91,6 +91,8 @@ def test_hparams_on_a_model_that_takes_none_are_refused_before_anything_runs(tmp
     ("parallel: 0\nparameters:\n  hparams.units: [1]\n", "parallel", "from 1 to 9"),
     ("metric: f1\nparameters:\n  hparams.units: [1]\n", "metric", "loss, mae, rmse"),
     ("metric: rmse\ndirection: up\nparameters:\n  hparams.units: [1]\n", "direction", "maximize or minimize"),
+    ("metric: mae\ndirection: maximize\nparameters:\n  hparams.units: [1]\n", "direction",
+     "minimize, the direction of mae"),
     ("parameter:\n  hparams.units: [1]\n", "parameter", "one of the keys"),
     ("name: 'a b'\nparameters:\n  hparams.units: [1]\n", "name", "letters, digits"),
     ("- 1\n", "file", "a YAML mapping"),
@@ -174,6 +176,9 @@ def test_trials_rank_by_the_metric_in_its_direction_and_the_best_is_a_verified_o
     lines = sweep.table(sw, trials).splitlines()
     assert lines[0].split() == ["trial", "learning_rate", "loss", "time", "state", "run"]
     assert lines[1].split()[:3] == ["t02", "3", "0.2000"] and lines[-1].split()[-2:] == ["failed", "r-t01"]
+    tied = [dict(t, state="verified", metric=1.0, metrics={"test_loss": loss})
+            for t, loss in zip(trials, [0.06, 0.009, None, 0.02], strict=True)]
+    assert [t["id"] for t in sweep.ranked(tied, "maximize")] == ["t01", "t03", "t00", "t02"]   # equal: lower loss
     for t in trials:
         t["state"] = "failed"
     assert sweep.best(sw, trials) is None

@@ -227,3 +227,23 @@ def test_a_port_in_use_is_named(store, tmp_path):
                                 capture_output=True, text=True, env=tfcluster_env(tmp_path), cwd=REPO, timeout=120)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert f"tfcluster: error: TensorBoard could not listen on 127.0.0.1:{port}: " in result.stderr
+
+
+def test_a_sweeps_trials_are_fetched_and_counted_together(store, tmp_path, monkeypatch):
+    """Each trial's events under its group's prefix, linked by trial name; one count for all of them."""
+    from tfc_harness import s3io
+
+    from tfcluster import config, tensorboard
+
+    endpoint = next(o.split("=", 1)[1] for o in store if o.startswith("storage.endpoint="))
+    spec = config.resolve({"cluster": CLUSTER, "storage": {"bucket": BUCKET}})
+    trials = [(CLUSTER, run, f"t0{i}-lr={i}") for i, run in enumerate(RUNS)]
+    monkeypatch.setattr(tensorboard, "sweep_runs", lambda *a: trials)
+    client = s3io.make_client(endpoint, "us-east-1", credentials=S3_CREDENTIALS)
+    names, done, links = tensorboard._fetch_sweep(spec, "sweep.yml", client, tmp_path / "events")
+    assert names == ["t00-lr=0", "t01-lr=1"] and done.unchanged == 0 and done.files >= 2, done
+    assert re.fullmatch(rf"{done.files} file\(s\) fetched \([0-9.]+ kB\), 0 unchanged", str(done)), str(done)
+    assert sorted(p.name for p in links.iterdir()) == names
+    assert all(any((links / name).rglob("events.out.tfevents.*")) for name in names)
+    _, again, _ = tensorboard._fetch_sweep(spec, "sweep.yml", client, tmp_path / "events")
+    assert (again.files, again.unchanged) == (0, done.files), again
