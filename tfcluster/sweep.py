@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -74,6 +75,11 @@ class Record:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=2) + "\n")
         tmp.replace(self.path)
+
+
+#: the lines :func:`tfcluster.ansible_run.playbook` shows of a playbook's progress (indented by 4); its errors
+#: (fatal:, failed:, ERROR) are not among them
+PLAYBOOK_PROGRESS = re.compile(r"^    (PLAY \[|TASK \[|PLAY RECAP|\S+\s+: ok=\d+)")
 
 
 # -- groups ------------------------------------------------------------------------------------------------
@@ -183,8 +189,12 @@ class Scheduler:
                 return
 
     def _show(self, prefix: str, line: str, log) -> None:
+        """A trial's line to its log, and to the console unless it is a playbook's progress (its PLAY/TASK
+        lines and recap, ~20 a trial start, which trials running at once would interleave)."""
         log.write(line)
         log.flush()
+        if PLAYBOOK_PROGRESS.match(line):
+            return
         with self.out_lock:
             sys.stdout.write(f"{prefix} {line}")
             sys.stdout.flush()

@@ -226,3 +226,20 @@ def test_down_refuses_while_any_groups_model_is_unverified_and_destroys_no_group
     assert "refusing to destroy cluster tfct-swg-g1: run r1 published a model" in res.stderr
     assert "destroy cluster" not in res.stdout
     assert json.loads((home / "tfct-swg" / "groups.json").read_text())["groups"] == ["tfct-swg-g1"]
+
+
+def test_a_trials_playbook_progress_goes_to_its_log_only_and_its_errors_to_the_console_too(spec, capsys):
+    import io
+
+    lines = ["==> start the tasks ...\n", "    PLAY [Start the tasks, the chief last]\n",
+             "    TASK [tf_node : Copy the harness bundle]\n", "    PLAY RECAP\n",
+             "    exp-chief-0                : ok=11   changed=7    unreachable=0    failed=0\n",
+             "    fatal: [exp-chief-0]: FAILED! => {\"msg\": \"no\"}\n", "  [training] step 5/10 (50%)\n"]
+    log = io.StringIO()
+    scheduler = sweep.Scheduler(spec, None, None, [])
+    for line in lines:
+        scheduler._show("[t00 exp]", line, log)
+    assert log.getvalue() == "".join(lines)
+    assert capsys.readouterr().out.splitlines() == [
+        "[t00 exp] ==> start the tasks ...", '[t00 exp]     fatal: [exp-chief-0]: FAILED! => {"msg": "no"}',
+        "[t00 exp]   [training] step 5/10 (50%)"]
