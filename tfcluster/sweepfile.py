@@ -30,7 +30,7 @@ import yaml
 
 from . import groups, job
 from .config import RunSpec, resolve
-from .errors import ConfigError
+from .errors import ConfigError, JobError
 
 MAX_TRIALS = 500
 #: the training fields a sweep may vary (hparams separately); the rest shape the cluster or the job
@@ -169,7 +169,11 @@ def load(path: str | Path, spec: RunSpec) -> Sweep:
         raise _fail(path, "parameters", f"{len(sweep.trials)} trials", f"at most {MAX_TRIALS} trials")
     specs = [trial_spec(spec, sweep, t["params"]) for t in sweep.trials]   # every value valid for its field
     if any(s.training.hparams != spec.training.hparams for s in specs):
-        job.check(specs[0])     # the model takes hparams (the checks of the others' values are the model's)
+        try:                    # the model takes hparams and reads each (the others' values are the model's)
+            job.check(specs[0])
+        except JobError as exc:
+            raise JobError(f"sweep {path}: trial {sweep.trials[0]['id']} "
+                           f"({params_text(sweep.trials[0]['params'])}): {exc}") from None
     return sweep
 
 

@@ -140,6 +140,26 @@ def test_hparams_reach_build_model_or_are_refused(tmp_path):
                        r"parameter, but training.hparams is set \(\{'units': 7\}\)"):
         usermodel.build_model(plain, (4,), {"units": 7})
 
+    with pytest.raises(usermodel.ModelModuleError, match=r"^model module binary.py: build_model\(\) never reads "
+                       r"training.hparams 'unit', 'depth' \(it reads units\)"):
+        usermodel.build_model(binary, (4,), {"units": 7, "unit": 8, "depth": 2}, every_hparam_read=True)
+    assert usermodel.build_model(binary, (4,), {"unit": 8}).layers[0].units != 8    # the chief does not check
+
+
+@pytest.mark.parametrize("use, unread", [
+    (lambda h: h.get("units", 16), ["layers"]), (lambda h: h["units"], ["layers"]),
+    (lambda h: "units" in h and h.setdefault("layers", 1), []), (lambda h: h.pop("units"), ["layers"]),
+    (lambda h: str(h), ["units", "layers"]),                        # shown, not used
+    # the whole mapping: each name may be used
+    (lambda h: dict(h), []), (lambda h: (lambda units, layers: 0)(**h), []), (lambda h: {**h}, []),
+    (lambda h: list(h), []), (lambda h: h.items(), []), (lambda h: h.copy(), []), (lambda h: h | {}, []),
+    (lambda h: __import__("json").dumps(h), []), (lambda h: __import__("copy").deepcopy(h), []),
+])
+def test_the_hparams_build_model_never_reads_are_told_apart(use, unread):
+    given = usermodel.ReadHparams({"units": 4, "layers": 2})
+    use(given)
+    assert given.unread() == unread
+
 
 @pytest.mark.parametrize("body, y, fragment", [
     # class ids beyond the model's 3 outputs

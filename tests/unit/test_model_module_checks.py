@@ -34,7 +34,12 @@ CASES = [
     ("build_model raises", "def build_model():\n    raise ValueError('units must be > 0')\ndef make_dataset(): pass\n",
      "", "model module job.py: build_model() raised ValueError: units must be > 0"),
     ("hparams for a build_model without them", GOOD_MODEL + "def make_dataset(): pass\n",
-     "training:\n  hparams: {units: 8}\n", "build_model() takes no parameter, but training.hparams is set"),
+     "training:\n  hparams: {units: 8}\n",
+     "model module job.py: build_model() takes no parameter, but training.hparams is set"),
+    ("an hparam build_model never reads", "import keras\ndef build_model(hparams):\n"
+     "    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(hparams.get('units', 16))])\n"
+     "def make_dataset(): pass\n", "training:\n  hparams: {units: 8, layrs: 2}\n",
+     "model module job.py: build_model() never reads training.hparams 'layrs' (it reads units): a misspelt name"),
 ]
 
 
@@ -49,8 +54,9 @@ def test_a_bad_model_module_is_refused_before_anything_exists(home, tmp_path, co
                                                               cluster_text, message):
     (tmp_path / "job.py").write_text(module)
     cfg = tmp_path / "cluster.yml"
-    cfg.write_text(f"cluster: tfct-mod\ntraining:\n  model: {tmp_path / 'job.py'}\n"
-                   + cluster_text.replace("training:\n", "training:\n  steps: 10\n"))
+    training = cluster_text.removeprefix("training:\n") if cluster_text.startswith("training:\n") else ""
+    cfg.write_text(f"cluster: tfct-mod\ntraining:\n  model: {tmp_path / 'job.py'}\n  steps: 10\n{training}"
+                   + ("" if training else cluster_text))
     res = run_cli(command, "-c", str(cfg), home=home, timeout=180)
     assert res.returncode == 2, res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()

@@ -76,6 +76,20 @@ def test_hparams_on_a_model_that_takes_none_are_refused_before_anything_runs(tmp
     assert "build_model() takes no parameter" in str(err.value) and err.value.exit_code == 2
 
 
+def test_a_swept_hparam_the_model_never_reads_is_refused_naming_the_trial(tmp_path):
+    (tmp_path / "mlp.py").write_text("import keras\nloss = 'mse'\ndef make_dataset(): pass\ndef build_model(hparams):\n"
+                                     "    return keras.Sequential([keras.Input(shape=(4,)), "
+                                     "keras.layers.Dense(hparams.get('units', 16))])\n")
+    spec = config.resolve({"cluster": "tfct-sw", "training": {"model": str(tmp_path / "mlp.py")}})
+    path = write(tmp_path, "parameters:\n  hparams.units: [4, 8]\n  hparams.layers: [1, 2]\n")
+    with pytest.raises(Exception) as err:
+        sweepfile.load(path, spec)
+    assert str(err.value).startswith(f"sweep {path}: trial t00 (units=4, layers=1): model module mlp.py: "
+                                     "build_model() never reads training.hparams 'layers' (it reads units)"), \
+        str(err.value)
+    assert err.value.exit_code == 2
+
+
 @pytest.mark.parametrize("text, field, allowed", [
     ("parameters: {}\n", "parameters", "a mapping of fields"),
     ("parameters:\n  training.model: [digits]\n", "parameters", "hparams.<name>"),

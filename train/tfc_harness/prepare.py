@@ -58,7 +58,7 @@ def check(job: dict, module: ModuleType | None = None) -> dict:
     _check_data_source(job, module)
     loss = usermodel.loss_fn(module)
     metrics = usermodel.metric_objects(module, loss)
-    usermodel.build_model(module, None, job.get("hparams"))
+    usermodel.build_model(module, None, job.get("hparams"), every_hparam_read=True)
     return {"module": usermodel.label(module), "data": "files" if job.get("data") else "make_dataset",
             "loss": usermodel.loss_name(loss),
             "metrics": [m.name for m in metrics]}

@@ -147,10 +147,74 @@ def takes_hparams(module: ModuleType) -> bool:
     return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
 
 
-def build_model(module: ModuleType, example_shape: tuple[int, ...] | None, hparams: dict | None = None):
-    """A new model from ``build_model([hparams])``, built for ``[None, *example_shape]`` if it is not yet."""
+class ReadHparams(dict):
+    """``training.hparams`` as ``build_model`` gets them, noting the names it reads: ``read`` (by name:
+    ``h["units"]``, ``h.get``, ``in``, ``setdefault``, ``pop``) and ``whole`` (it went through them all:
+    iterated, listed, copied or unpacked them, so each may be used)."""
+
+    def __init__(self, values: dict):
+        super().__init__(values)
+        self.read: set = set()
+        self.whole = False
+
+    def unread(self) -> list:
+        return [] if self.whole else [k for k in dict.keys(self) if k not in self.read]
+
+    def _named(self, key):
+        self.read.add(key)
+        return key
+
+    def __getitem__(self, key):
+        return super().__getitem__(self._named(key))
+
+    def __contains__(self, key):
+        return super().__contains__(self._named(key))
+
+    def get(self, key, default=None):
+        return super().get(self._named(key), default)
+
+    def setdefault(self, key, default=None):
+        return super().setdefault(self._named(key), default)
+
+    def pop(self, key, *default):
+        return super().pop(self._named(key), *default)
+
+    def _all(self):
+        self.whole = True
+        return self
+
+    def __iter__(self):
+        return super(ReadHparams, self._all()).__iter__()
+
+    def keys(self):
+        return super(ReadHparams, self._all()).keys()
+
+    def items(self):
+        return super(ReadHparams, self._all()).items()
+
+    def values(self):
+        return super(ReadHparams, self._all()).values()
+
+    def copy(self):
+        return dict(self._all().items())
+
+    def __or__(self, other):
+        return dict(self._all().items()) | other
+
+
+def build_model(module: ModuleType, example_shape: tuple[int, ...] | None, hparams: dict | None = None,
+                every_hparam_read: bool = False):
+    """A new model from ``build_model([hparams])``, built for ``[None, *example_shape]`` if it is not yet.
+    ``every_hparam_read`` (the job's check): a name in ``hparams`` that ``build_model`` never reads is an
+    error (a misspelt name would otherwise be passed, ignored, and a sweep over it would rank noise)."""
     if takes_hparams(module):
-        model = call(module, "build_model", dict(hparams or {}))
+        given = ReadHparams(hparams or {})
+        model = call(module, "build_model", given)
+        if every_hparam_read and given.unread():
+            read = sorted(str(k) for k in given.read if dict.__contains__(given, k)) or ["none of them"]
+            raise fail(module, "build_model", f"never reads training.hparams {', '.join(map(repr, given.unread()))} "
+                       f"(it reads {', '.join(read)}): a misspelt name, or one this model does not use; remove "
+                       f"it, or read it in build_model")
     elif hparams:
         raise fail(module, "build_model", f"takes no parameter, but training.hparams is set ({hparams}); "
                    "define build_model(hparams) to use them")
