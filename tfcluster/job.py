@@ -120,11 +120,12 @@ def check(spec: RunSpec) -> dict:
 
 
 def check_files(spec: RunSpec) -> str | None:
-    """Before anything is created (``plan``, ``up``; ``validate`` reports it), where the run's store is local: the
-    files ``data.train`` and ``data.test`` name are listed as ``train`` lists them, so a mistyped glob or bucket
-    is refused (exit status 2) before any node boots.  Returns what was found, or None when nothing is listed
-    here: data from ``make_dataset()``, or a store elsewhere, whose files ``train`` lists (``validate`` and
-    ``plan`` of a cloud's configuration need no network and no credentials of it)."""
+    """Before anything is created (``plan``, ``up``; ``validate`` reports it), where the run's store is local:
+    the files ``data.train`` and ``data.test`` name are listed as ``train`` lists them, and CSV headers read,
+    so a mistyped glob or bucket, or a header without the label, is refused (exit status 2) before any node
+    boots.  Returns what was found, or None when nothing is listed here: data from ``make_dataset()``, or a
+    store elsewhere, whose files ``train`` lists (``validate`` and ``plan`` of a cloud's configuration need
+    no network and no credentials of it)."""
     if not spec.data.train or not store.is_local_store(spec):
         return None
     running = store.is_running()

@@ -156,7 +156,8 @@ def _put(s3, prefix: str, *names: str) -> None:
 
 
 @pytest.mark.parametrize("command, case", [
-    *[("up", case) for case in ("no such bucket", "a glob that matches nothing", "fewer files than workers")],
+    *[("up", case) for case in ("no such bucket", "a glob that matches nothing", "fewer files than workers",
+                                "no label column")],
     ("plan", "no such bucket"), ("validate", "a glob that matches nothing")])
 def test_data_files_the_local_store_lacks_are_refused_before_anything_exists(files_home, tmp_path, bucket, command,
                                                                             case):
@@ -173,7 +174,11 @@ def test_data_files_the_local_store_lacks_are_refused_before_anything_exists(fil
                                         f"{prefix}/trian-*.csv matches no object in s3://tfct-files/"),
         "fewer files than workers": (f"s3://tfct-files/{prefix}/train-*.csv", "data.train: 1 files for 2 workers: "
                                      "worker 1 would have no data"),
+        "no label column": (f"s3://tfct-files/{prefix}/nolabel-*.csv", f"s3://tfct-files/{prefix}/nolabel-0.csv: "
+                            "label column 'y' is not in the header (a, b, c, d, price)"),
     }[case]
+    s3.put_object(Bucket="tfct-files", Key=f"{prefix}/nolabel-0.csv", Body=b"a,b,c,d,price\n1,2,3,4,5\n")
+    s3.put_object(Bucket="tfct-files", Key=f"{prefix}/nolabel-1.csv", Body=b"a,b,c,d,price\n1,2,3,4,5\n")
     cfg = _files_config(tmp_path, train, f"s3://tfct-files/{prefix}/test-*.csv")
     res = run_cli(command, "-c", str(cfg), home=files_home, timeout=180)
     assert "Traceback" not in res.stdout + res.stderr

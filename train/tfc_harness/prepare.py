@@ -250,11 +250,15 @@ def _listing(client, job: dict) -> dict:
 
 
 def check_listing(client, job: dict) -> dict:
-    """The first part of the files' check on its own (no module, no TensorFlow, no file read): both splits
-    listed (:func:`_listing`) and a share of the training files for every training task.  The controller runs
-    it before anything is created where the store is on its own machine."""
+    """The first part of the files' check on its own (no module, no TensorFlow): both splits listed
+    (:func:`_listing`), a share of the training files for every training task and, for CSV files, the
+    headers (:func:`_csv_columns`: the label among the columns, the same header in the files it reads; a
+    ranged GET each). The controller runs it before anything is created where the store is on its own
+    machine."""
     listing = _listing(client, job)
     _assigned(listing["train"], job["workers"])
+    if job["data"]["format"] == "csv":
+        _csv_columns(client, listing["bucket"], job["data"], listing["train"], listing["test"])
     return listing
 
 
