@@ -105,9 +105,13 @@ def _check_key(args: dict) -> str:
     return digest.hexdigest()
 
 
-def check(spec: RunSpec) -> dict:
-    """The model module's interface for this configuration (raises :class:`JobError` naming the problem)."""
+def check(spec: RunSpec, hparams_variants: list[dict] | None = None) -> dict:
+    """The model module's interface for this configuration (raises :class:`JobError` naming the problem).
+    ``hparams_variants``: a sweep's trials' hparams, each built, every name read in one of them at least
+    (:func:`tfc_harness.prepare.check_hparams_read`)."""
     args = {k: job_args(spec)[k] for k in ("module", "hparams", "data")}
+    if hparams_variants:
+        args["hparams_variants"] = hparams_variants
     cache = cache_root() / "_jobchecks" / f"{_check_key(args)}.json"
     if cache.exists():
         return json.loads(cache.read_text())
@@ -148,7 +152,10 @@ def check_files(spec: RunSpec) -> str | None:
     return f"{len(listing['train'])} training and {len(listing['test'])} test files in s3://{listing['bucket']}/"
 
 
-def prepare(spec: RunSpec) -> dict:
+def prepare(spec: RunSpec, every_hparam_read: bool = True) -> dict:
     """The run's data for the nodes' settings: ``{"data": ... | None, "dataset_prefix": ..., "describe":
-    ...}`` (see :func:`tfc_harness.prepare.run`)."""
-    return _call("run", job_args(spec), store.process_env(spec), PREPARE_TIMEOUT_S)
+    ...}`` (see :func:`tfc_harness.prepare.run`). ``every_hparam_read``: see
+    :func:`tfc_harness.prepare.check_hparams_read` (a sweep checked it over all of its trials' values, where
+    a name one trial's model never reads may be another's)."""
+    args = dict(job_args(spec), every_hparam_read=every_hparam_read)
+    return _call("run", args, store.process_env(spec), PREPARE_TIMEOUT_S)

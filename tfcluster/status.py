@@ -3,11 +3,12 @@ node while it answers, else the copy fetched at the run's end)."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 from . import groups, remote, runrecord
 from .errors import ConfigError, TfclusterError
-from .paths import ClusterState
+from .paths import ClusterState, state_root
 from .providers.base import Node, read_nodes
 
 
@@ -57,7 +58,7 @@ def _stream_text(d: dict) -> str:
 def show_log(cluster: str, node_name: str | None, lines: int = 200) -> int:
     """Print a node of the cluster's (or of one of its sweep groups') log: the live one while the node
     answers, else the copy fetched at its last run's end."""
-    found = next((where for where in map(_node_log, (cluster, *groups.extra(cluster)))
+    found = next((where for where in map(_node_log, _with_groups(cluster))
                   if node_name in where["nodes"] or node_name in where["fetched"]), None)
     if node_name is None or found is None:
         raise ConfigError("node (make logs NODE=...)", node_name or "", _known_nodes(cluster))
@@ -75,6 +76,14 @@ def show_log(cluster: str, node_name: str | None, lines: int = 200) -> int:
     raise TfclusterError(f"node {node_name} does not answer (or has no log yet) and no log of it was fetched")
 
 
+def _with_groups(cluster: str) -> list[str]:
+    """The cluster and its sweep groups: those up, and those taken down whose state (their fetched logs) is
+    still here (``down`` forgets a group once it is gone)."""
+    group = re.compile(rf"{re.escape(cluster)}-g\d+")
+    kept = sorted(p.name for p in state_root().glob(f"{cluster}-g*") if group.fullmatch(p.name))
+    return list(dict.fromkeys((cluster, *groups.extra(cluster), *kept)))
+
+
 def _node_log(cluster: str) -> dict:
     """A cluster's nodes that are up, and the logs its last run fetched (by node name)."""
     state = ClusterState(cluster)
@@ -86,7 +95,7 @@ def _node_log(cluster: str) -> dict:
 def _known_nodes(cluster: str) -> str:
     """What ``make logs NODE=`` may name: each group's nodes that are up, else its last run's fetched logs."""
     parts = []
-    for where in map(_node_log, (cluster, *groups.extra(cluster))):
+    for where in map(_node_log, _with_groups(cluster)):
         if where["nodes"]:
             parts.append(f"a node of cluster {where['cluster']}: {', '.join(sorted(where['nodes']))}")
         elif where["fetched"]:

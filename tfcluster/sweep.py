@@ -80,6 +80,8 @@ class Record:
 #: the lines :func:`tfcluster.ansible_run.playbook` shows of a playbook's progress (indented by 4); its errors
 #: (fatal:, failed:, ERROR) are not among them
 PLAYBOOK_PROGRESS = re.compile(r"^    (PLAY \[|TASK \[|PLAY RECAP|\S+\s+: ok=\d+)")
+PLAYBOOK_TROUBLE = re.compile(r"\b(unreachable|failed)=[1-9]")     # a recap line of a host that failed
+PLAYBOOK_FAILURE = re.compile(r"^    (fatal|failed):")
 
 
 # -- groups ------------------------------------------------------------------------------------------------
@@ -116,6 +118,7 @@ class Scheduler:
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping = threading.Event()
         self.out_lock = threading.Lock()
+        self.last_task: dict[str, str] = {}     # a trial's playbook task not shown yet, by its prefix
 
     def plan(self) -> list[str]:
         """Queue the unfinished trials; returns the groups that can take trials."""
@@ -190,13 +193,19 @@ class Scheduler:
 
     def _show(self, prefix: str, line: str, log) -> None:
         """A trial's line to its log, and to the console unless it is a playbook's progress (its PLAY/TASK
-        lines and recap, ~20 a trial start, which trials running at once would interleave)."""
+        lines and recap, ~20 a trial start, which trials running at once would interleave). A failure shows
+        with the task it came from, and a recap line counting failed or unreachable hosts shows."""
         log.write(line)
         log.flush()
-        if PLAYBOOK_PROGRESS.match(line):
+        shown = [line]
+        if PLAYBOOK_PROGRESS.match(line) and not PLAYBOOK_TROUBLE.search(line):
+            if line.startswith("    TASK ["):
+                self.last_task[prefix] = line
             return
+        if PLAYBOOK_FAILURE.match(line) and prefix in self.last_task:
+            shown.insert(0, self.last_task.pop(prefix))
         with self.out_lock:
-            sys.stdout.write(f"{prefix} {line}")
+            sys.stdout.writelines(f"{prefix} {text}" for text in shown)
             sys.stdout.flush()
 
     def _run_trial(self, group: str, trial: dict, configure: bool) -> None:

@@ -168,12 +168,12 @@ def load(path: str | Path, spec: RunSpec) -> Sweep:
     if len(sweep.trials) > MAX_TRIALS:
         raise _fail(path, "parameters", f"{len(sweep.trials)} trials", f"at most {MAX_TRIALS} trials")
     specs = [trial_spec(spec, sweep, t["params"]) for t in sweep.trials]   # every value valid for its field
-    if any(s.training.hparams != spec.training.hparams for s in specs):
-        try:                    # the model takes hparams and reads each (the others' values are the model's)
-            job.check(specs[0])
+    variants = list({json.dumps(s.training.hparams, sort_keys=True): s.training.hparams for s in specs}.values())
+    if variants != [spec.training.hparams]:
+        try:        # the model takes hparams, builds with each trial's and reads each name with one at least
+            job.check(specs[0], hparams_variants=variants)
         except JobError as exc:
-            raise JobError(f"sweep {path}: trial {sweep.trials[0]['id']} "
-                           f"({params_text(sweep.trials[0]['params'])}): {exc}") from None
+            raise JobError(f"sweep {path}: {exc}") from None
     return sweep
 
 

@@ -159,7 +159,7 @@ def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
             _finish(spec, state, nodes, run, stop_chief=False)
         return verify(spec, run)
     with phase("check the training job and its data"):   # before the slow configure: bad data fails fast
-        prepared = job.prepare(spec)
+        prepared = job.prepare(spec, every_hparam_read=not trial)   # a sweep's trial: checked over all trials
         say(_data_line(spec, prepared))
     if configure_first:
         configure(spec)

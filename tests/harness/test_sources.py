@@ -169,3 +169,15 @@ def test_csv_header_problems(s3_client, bucket):
         sources.csv_header(s3_client, bucket, "long.csv")
     with pytest.raises(s3io.TransferError, match="missing.csv"):
         sources.csv_header(s3_client, bucket, "missing.csv")
+
+
+def test_an_empty_csv_header_is_refused_once_named_by_the_check_of_the_listing(s3_client, bucket):
+    from tfc_harness import prepare
+
+    for key, body in (("hd/train-0.csv", b"\n1,2\n"), ("hd/test-0.csv", b"a,y\n1,2\n")):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=body)
+    job = {"data": {"train": f"s3://{bucket}/hd/train-*.csv", "test": f"s3://{bucket}/hd/test-*.csv",
+                    "format": "csv", "label": "y"}, "workers": 1}
+    with pytest.raises(prepare.DataError) as err:
+        prepare.check_listing(s3_client, job)
+    assert str(err.value) == f"s3://{bucket}/hd/train-0.csv: the first line (the CSV header) is empty"

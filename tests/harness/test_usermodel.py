@@ -139,26 +139,87 @@ def test_hparams_reach_build_model_or_are_refused(tmp_path):
     with pytest.raises(usermodel.ModelModuleError, match=r"^model module plain.py: build_model\(\) takes no "
                        r"parameter, but training.hparams is set \(\{'units': 7\}\)"):
         usermodel.build_model(plain, (4,), {"units": 7})
-
-    with pytest.raises(usermodel.ModelModuleError, match=r"^model module binary.py: build_model\(\) never reads "
-                       r"training.hparams 'unit', 'depth' \(it reads units\)"):
-        usermodel.build_model(binary, (4,), {"units": 7, "unit": 8, "depth": 2}, every_hparam_read=True)
-    assert usermodel.build_model(binary, (4,), {"unit": 8}).layers[0].units != 8    # the chief does not check
+    reads = usermodel.hparams_reads(binary, {"units": 7, "unit": 8})
+    assert (reads.read, reads.whole, reads.given) == ({"units"}, False, ("units", "unit"))
 
 
-@pytest.mark.parametrize("use, unread", [
-    (lambda h: h.get("units", 16), ["layers"]), (lambda h: h["units"], ["layers"]),
-    (lambda h: "units" in h and h.setdefault("layers", 1), []), (lambda h: h.pop("units"), ["layers"]),
-    (lambda h: str(h), ["units", "layers"]),                        # shown, not used
+def test_the_chief_gives_build_model_a_plain_dict(tmp_path):
+    pytest.importorskip("keras")
+    seen = usermodel.load(_write(tmp_path, "seen", BINARY.replace(
+        "def build_model(hparams):", "SEEN = []\n    def build_model(hparams):\n        SEEN.append(type(hparams))")))
+    usermodel.build_model(seen, (4,), {"units": 7})
+    assert seen.SEEN == [dict]
+
+
+@pytest.mark.parametrize("use, read, whole", [
+    (lambda h: h.get("units", 16), {"units"}, False), (lambda h: h["units"], {"units"}, False),
+    (lambda h: "units" in h and h.setdefault("layers", 1), {"units", "layers"}, False),
+    (lambda h: h.pop("units"), {"units"}, False), (lambda h: h.get("depth"), {"depth"}, False),
+    (lambda h: str(h), set(), False),                                # shown, not used
     # the whole mapping: each name may be used
-    (lambda h: dict(h), []), (lambda h: (lambda units, layers: 0)(**h), []), (lambda h: {**h}, []),
-    (lambda h: list(h), []), (lambda h: h.items(), []), (lambda h: h.copy(), []), (lambda h: h | {}, []),
-    (lambda h: __import__("json").dumps(h), []), (lambda h: __import__("copy").deepcopy(h), []),
+    (lambda h: dict(h), set(), True), (lambda h: (lambda units, layers: 0)(**h), set(), True),
+    (lambda h: {**h}, set(), True), (lambda h: list(h), set(), True), (lambda h: h.items(), set(), True),
+    (lambda h: h.copy(), set(), True), (lambda h: h | {}, set(), True),
+    (lambda h: __import__("json").dumps(h), set(), True), (lambda h: __import__("copy").deepcopy(h), set(), True),
 ])
-def test_the_hparams_build_model_never_reads_are_told_apart(use, unread):
+def test_the_names_build_model_looks_up_are_noted(use, read, whole):
     given = usermodel.ReadHparams({"units": 4, "layers": 2})
     use(given)
-    assert given.unread() == unread
+    assert (given.whole, given.given) == (whole, ("units", "layers"))
+    assert whole or given.read == read      # (unpacking looks each name up too)
+
+
+CONDITIONAL = """
+    import keras
+    def build_model(hparams):
+        if hparams["arch"] == "cnn":
+            hidden = [keras.layers.Reshape((4, 1)), keras.layers.Conv1D(int(hparams["filters"]), 2),
+                      keras.layers.Flatten()]
+        else:
+            hidden = [keras.layers.Dense(int(hparams["units"]))]
+        return keras.Sequential([keras.Input(shape=(4,)), *hidden, keras.layers.Dense(1)])
+"""
+
+
+def test_every_hparam_must_be_read_by_build_model_with_one_of_the_values_at_least(tmp_path):
+    pytest.importorskip("keras")
+    from tfc_harness import prepare
+
+    module = usermodel.load(_write(tmp_path, "cond", CONDITIONAL))
+    cnn, mlp = {"arch": "cnn", "filters": 8, "units": 4}, {"arch": "mlp", "filters": 8, "units": 4}
+    prepare.check_hparams_read(module, [cnn, mlp])           # a sweep over both: each name read by one
+    with pytest.raises(usermodel.ModelModuleError, match=r"^model module cond.py: build_model\(\) never reads "
+                       r"training.hparams 'units' \(it reads arch, filters\): a misspelt name"):
+        prepare.check_hparams_read(module, [cnn])            # one run: units does nothing
+    binary = usermodel.load(_write(tmp_path, "binary", BINARY))      # hparams.get("units", 2)
+    with pytest.raises(usermodel.ModelModuleError, match=r"never reads training.hparams 'unit' with any trial's "
+                       r"values \(it reads none of them; it looks up units, not set\)"):
+        prepare.check_hparams_read(binary, [{"unit": 4}, {"unit": 8}])
+    with pytest.raises(usermodel.ModelModuleError, match=r"build_model\(\) raised ValueError: invalid literal for "
+                       r"int\(\) with base 10: 'a' \(training.hparams \{'arch': 'mlp', 'units': 'a'\}\)"):
+        prepare.check_hparams_read(module, [mlp, {"arch": "mlp", "units": "a"}])
+    prepare.check_hparams_read(module, [None])               # no hparams: nothing to check
+
+
+def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
+    pytest.importorskip("keras")
+    from tfc_harness import prepare
+
+    later = usermodel.load(_write(tmp_path, "later", """
+        import keras
+        class Net(keras.Model):
+            def __init__(self, hparams):
+                super().__init__()
+                self.hparams = hparams
+            def build(self, shape):
+                self.dense = keras.layers.Dense(self.hparams["units"])
+            def call(self, x):
+                return self.dense(x)
+        def build_model(hparams):
+            return Net(hparams)
+    """))
+    assert usermodel.hparams_reads(later, {"units": 3}) is None   # not built yet: cannot tell
+    prepare.check_hparams_read(later, [{"units": 3}])
 
 
 @pytest.mark.parametrize("body, y, fragment", [

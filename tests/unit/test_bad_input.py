@@ -119,3 +119,6 @@ def test_logs_finds_a_node_of_a_sweep_group_from_the_clusters_name(home):
     assert res.returncode == 2 and res.stderr.strip().endswith(
         "whose logs were fetched: tfct-bad-chief-0; a node of cluster tfct-bad-g1's last run, whose logs were "
         "fetched: tfct-bad-g1-chief-0"), res.stderr
+    (home / "tfct-bad" / "groups.json").unlink()          # as down leaves it: the groups gone, their logs kept
+    res = run_cli("logs", "--cluster", "tfct-bad", "tfct-bad-g1-chief-0", home=home, timeout=60)
+    assert res.returncode == 0 and "tfct-bad-g1 chief says hello" in res.stdout, res.stdout + res.stderr

@@ -76,18 +76,29 @@ def test_hparams_on_a_model_that_takes_none_are_refused_before_anything_runs(tmp
     assert "build_model() takes no parameter" in str(err.value) and err.value.exit_code == 2
 
 
-def test_a_swept_hparam_the_model_never_reads_is_refused_naming_the_trial(tmp_path):
-    (tmp_path / "mlp.py").write_text("import keras\nloss = 'mse'\ndef make_dataset(): pass\ndef build_model(hparams):\n"
-                                     "    return keras.Sequential([keras.Input(shape=(4,)), "
-                                     "keras.layers.Dense(hparams.get('units', 16))])\n")
-    spec = config.resolve({"cluster": "tfct-sw", "training": {"model": str(tmp_path / "mlp.py")}})
-    path = write(tmp_path, "parameters:\n  hparams.units: [4, 8]\n  hparams.layers: [1, 2]\n")
+def test_a_swept_hparam_is_refused_when_no_trial_reads_it_and_each_trials_values_are_built(tmp_path):
+    """Every trial's hparams are built before anything runs; a name must be read with one trial's values at
+    least (an architecture's own names are read only with it)."""
+    (tmp_path / "cond.py").write_text(
+        "import keras\nloss = 'mse'\ndef make_dataset(): pass\ndef build_model(hparams):\n"
+        "    n = int(hparams['units']) if hparams['arch'] == 'mlp' else int(hparams['filters'])\n"
+        "    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(n)])\n")
+    spec = config.resolve({"cluster": "tfct-sw", "training": {"model": str(tmp_path / "cond.py"),
+                                                             "hparams": {"arch": "mlp", "units": 4}}})
+    grid = "parameters:\n  hparams.arch: [mlp, cnn]\n  hparams.units: [4, 8]\n  hparams.filters: [2]\n"
+    assert len(sweepfile.load(write(tmp_path, grid), spec).trials) == 4
+    path = write(tmp_path, grid + "  hparams.layers: [1, 2]\n")
     with pytest.raises(Exception) as err:
         sweepfile.load(path, spec)
-    assert str(err.value).startswith(f"sweep {path}: trial t00 (units=4, layers=1): model module mlp.py: "
-                                     "build_model() never reads training.hparams 'layers' (it reads units)"), \
-        str(err.value)
+    assert str(err.value).startswith(f"sweep {path}: model module cond.py: build_model() never reads "
+                                     "training.hparams 'layers' with any trial's values (it reads arch, filters, "
+                                     "units)"), str(err.value)
     assert err.value.exit_code == 2
+    path = write(tmp_path, "parameters:\n  hparams.arch: [mlp]\n  hparams.units: [4, x]\n  hparams.filters: [2]\n")
+    with pytest.raises(Exception) as err:
+        sweepfile.load(path, spec)
+    assert "build_model() raised ValueError: invalid literal for int() with base 10: 'x' (training.hparams " \
+           "{'arch': 'mlp', 'units': 'x', 'filters': 2})" in str(err.value), str(err.value)
 
 
 @pytest.mark.parametrize("text, field, allowed", [
@@ -242,7 +253,7 @@ def test_down_refuses_while_any_groups_model_is_unverified_and_destroys_no_group
     assert json.loads((home / "tfct-swg" / "groups.json").read_text())["groups"] == ["tfct-swg-g1"]
 
 
-def test_a_trials_playbook_progress_goes_to_its_log_only_and_its_errors_to_the_console_too(spec, capsys):
+def test_a_trials_playbook_progress_goes_to_its_log_only_and_its_failures_to_the_console_too(spec, capsys):
     import io
 
     lines = ["==> start the tasks ...\n", "    PLAY [Start the tasks, the chief last]\n",
@@ -255,5 +266,11 @@ def test_a_trials_playbook_progress_goes_to_its_log_only_and_its_errors_to_the_c
         scheduler._show("[t00 exp]", line, log)
     assert log.getvalue() == "".join(lines)
     assert capsys.readouterr().out.splitlines() == [
-        "[t00 exp] ==> start the tasks ...", '[t00 exp]     fatal: [exp-chief-0]: FAILED! => {"msg": "no"}',
-        "[t00 exp]   [training] step 5/10 (50%)"]
+        "[t00 exp] ==> start the tasks ...", "[t00 exp]     TASK [tf_node : Copy the harness bundle]",
+        '[t00 exp]     fatal: [exp-chief-0]: FAILED! => {"msg": "no"}', "[t00 exp]   [training] step 5/10 (50%)"]
+    for line in ("    PLAY RECAP\n",
+                 "    exp-chief-0                : ok=3    changed=0    unreachable=1    failed=0\n",
+                 "    exp-ps-0                   : ok=3    changed=0    unreachable=0    failed=0\n"):
+        scheduler._show("[t00 exp]", line, log)
+    assert capsys.readouterr().out.splitlines() == [
+        "[t00 exp]     exp-chief-0                : ok=3    changed=0    unreachable=1    failed=0"]

@@ -51,17 +51,49 @@ class DataError(HarnessError):
     """The data the cluster file names cannot be used; the message names the file or field."""
 
 
-def check(job: dict, module: ModuleType | None = None) -> dict:
+def check(job: dict, module: ModuleType | None = None, every_hparam_read: bool = True) -> dict:
     """The module's interface (``module``: the module already imported from ``job["module"]``), without
-    reading any data."""
+    reading any data. ``every_hparam_read``: :func:`check_hparams_read` (not in a sweep's trial: the sweep
+    checked that over all of its trials)."""
     module = module or usermodel.load(job["module"])
     _check_data_source(job, module)
     loss = usermodel.loss_fn(module)
     metrics = usermodel.metric_objects(module, loss)
-    usermodel.build_model(module, None, job.get("hparams"), every_hparam_read=True)
+    usermodel.build_model(module, None, job.get("hparams"))
+    if every_hparam_read:
+        check_hparams_read(module, job.get("hparams_variants") or [job.get("hparams")])
     return {"module": usermodel.label(module), "data": "files" if job.get("data") else "make_dataset",
             "loss": usermodel.loss_name(loss),
             "metrics": [m.name for m in metrics]}
+
+
+def check_hparams_read(module: ModuleType, variants: list[dict | None]) -> None:
+    """Every name of ``training.hparams`` is looked up by ``build_model`` with at least one of ``variants`` (a
+    run's hparams; a sweep's, one per trial): a misspelt name would be passed, ignored, and a sweep over it
+    would rank noise. Each variant is built once (a variant's own error names its values). Not checked where
+    :func:`tfc_harness.usermodel.hparams_reads` cannot tell."""
+    reads = []
+    for hparams in (v for v in variants if v):
+        try:
+            got = usermodel.hparams_reads(module, hparams)
+        except ModelModuleError as exc:
+            raise ModelModuleError(f"{exc} (training.hparams {hparams})" if len(variants) > 1 else str(exc)) \
+                from None
+        if got is None:
+            return
+        reads.append(got)
+    given = list(dict.fromkeys(k for got in reads for k in got.given))
+    read = set().union(*(got.read for got in reads))
+    unread = [k for k in given if k not in read]
+    if not unread:
+        return
+    hint = f"it reads {', '.join(sorted(str(k) for k in read if k in given)) or 'none of them'}"
+    asked = sorted(str(k) for k in read if k not in given)
+    hint += f"; it looks up {', '.join(asked)}, not set" if asked else ""
+    where = " with any trial's values" if len(variants) > 1 else ""
+    raise usermodel.fail(module, "build_model", f"never reads training.hparams {', '.join(map(repr, unread))}"
+                         f"{where} ({hint}): a misspelt name, or one this model does not use; remove it, or read "
+                         f"it in build_model")
 
 
 def _check_data_source(job: dict, module: ModuleType) -> None:
@@ -99,7 +131,7 @@ def _run_files(job: dict, source: bytes) -> dict:
     if cached is not None:
         return dict(cached, probe="cached")
     module = usermodel.load(job["module"])
-    check(job, module)
+    check(job, module, job.get("every_hparam_read", True))
     result, (x, y) = _files(client, job, module, listing)
     _check_on(module, job, x, y)
     if stamp is not None:
@@ -114,7 +146,7 @@ def _run_arrays(job: dict, module: ModuleType, source: bytes) -> dict:
     stamp = _probe_stamp(job, source, *(f"{a.dtype.str}{a.shape}".encode() + a.tobytes() for a in (x, y)))
     cached = stamp is not None and stamp.exists()
     if not cached:
-        check(job, module)
+        check(job, module, job.get("every_hparam_read", True))
         _check_on(module, job, x, y)
     result = _store_arrays(_client(job), job, splits)
     if stamp is not None and not cached:
@@ -308,8 +340,8 @@ def _header(client, bucket: str, key: str) -> list[str]:
 
     try:
         return sources.csv_header(client, bucket, key)
-    except ValueError as exc:   # an empty file, a header too long to be one
-        raise DataError(f"s3://{bucket}/{key}: {exc}") from None
+    except ValueError as exc:   # an empty file, a header too long to be one (the message names the file)
+        raise DataError(str(exc)) from None
 
 
 def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, first: dict):

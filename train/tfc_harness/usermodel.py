@@ -148,17 +148,15 @@ def takes_hparams(module: ModuleType) -> bool:
 
 
 class ReadHparams(dict):
-    """``training.hparams`` as ``build_model`` gets them, noting the names it reads: ``read`` (by name:
-    ``h["units"]``, ``h.get``, ``in``, ``setdefault``, ``pop``) and ``whole`` (it went through them all:
-    iterated, listed, copied or unpacked them, so each may be used)."""
+    """``training.hparams`` as the job's check passes them to ``build_model``, noting the names it looks up
+    (``read``: ``h["units"]``, ``h.get``, ``in``, ``setdefault``, ``pop``) and whether it went through them all
+    (``whole``: iterated, listed, copied or unpacked them, so each may be used)."""
 
     def __init__(self, values: dict):
         super().__init__(values)
+        self.given = tuple(values)      # not what build_model adds itself
         self.read: set = set()
         self.whole = False
-
-    def unread(self) -> list:
-        return [] if self.whole else [k for k in dict.keys(self) if k not in self.read]
 
     def _named(self, key):
         self.read.add(key)
@@ -202,19 +200,28 @@ class ReadHparams(dict):
         return dict(self._all().items()) | other
 
 
-def build_model(module: ModuleType, example_shape: tuple[int, ...] | None, hparams: dict | None = None,
-                every_hparam_read: bool = False):
-    """A new model from ``build_model([hparams])``, built for ``[None, *example_shape]`` if it is not yet.
-    ``every_hparam_read`` (the job's check): a name in ``hparams`` that ``build_model`` never reads is an
-    error (a misspelt name would otherwise be passed, ignored, and a sweep over it would rank noise)."""
+def hparams_reads(module: ModuleType, hparams: dict) -> ReadHparams | None:
+    """What ``build_model(hparams)`` looks up in ``hparams``, or None where that cannot be told: it takes no
+    hparams, went through the whole mapping, returned a model not built yet that may read more when built, or
+    fails only with the noting mapping. Its own errors are raised as :func:`build_model` raises them."""
+    if not hparams or not takes_hparams(module):
+        return None
+    given = ReadHparams(hparams)
+    try:
+        model = module.build_model(given)
+    except Exception:
+        build_model(module, None, hparams)      # the user's own error, named as the check names it
+        return None
+    unread = [k for k in given.given if k not in given.read]
+    if given.whole or unread and not getattr(model, "built", True):
+        return None
+    return given
+
+
+def build_model(module: ModuleType, example_shape: tuple[int, ...] | None, hparams: dict | None = None):
+    """A new model from ``build_model([hparams])``, built for ``[None, *example_shape]`` if it is not yet."""
     if takes_hparams(module):
-        given = ReadHparams(hparams or {})
-        model = call(module, "build_model", given)
-        if every_hparam_read and given.unread():
-            read = sorted(str(k) for k in given.read if dict.__contains__(given, k)) or ["none of them"]
-            raise fail(module, "build_model", f"never reads training.hparams {', '.join(map(repr, given.unread()))} "
-                       f"(it reads {', '.join(read)}): a misspelt name, or one this model does not use; remove "
-                       f"it, or read it in build_model")
+        model = call(module, "build_model", dict(hparams or {}))
     elif hparams:
         raise fail(module, "build_model", f"takes no parameter, but training.hparams is set ({hparams}); "
                    "define build_model(hparams) to use them")
