@@ -230,7 +230,8 @@ def test_train_starts_the_evaluator_ahead_at_the_loops_end_where_nodes_share_the
         return SUCCEEDED
 
     monkeypatch.setattr(training, "_check_cluster_fits", lambda *a: None)
-    monkeypatch.setattr(training.job, "prepare", lambda spec: {})
+    monkeypatch.setattr(training.job, "prepare", lambda spec, every_hparam_read: seen.update(
+        every_hparam_read=every_hparam_read) or {})
     monkeypatch.setattr(training, "_data_line", lambda *a: "data")
     monkeypatch.setattr(training, "_open_run", lambda *a: ({"run_id": "r1", "resumed": False}, {}))
     monkeypatch.setattr(training, "get_provider", lambda *a: type("P", (), {"shares_controller_cores": shared})())
@@ -239,6 +240,7 @@ def test_train_starts_the_evaluator_ahead_at_the_loops_end_where_nodes_share_the
     monkeypatch.setattr(training, "_conclude", lambda *a: {"state": "verified"})
     spec = type("Spec", (), {"cluster": "c", "provider": "local" if shared else "aws"})()
     assert training.train(spec, configure_first=False) == {"state": "verified"}
+    assert seen.pop("every_hparam_read") is True          # a run of its own; a sweep's trial: the sweep checked
     other = "on_training" if hook == "on_loop_end" else "on_loop_end"
     assert callable(seen[hook]) and getattr(seen[hook], "__name__", "") == "start" and seen[other] is None, seen
 
