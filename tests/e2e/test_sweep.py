@@ -198,9 +198,9 @@ def test_the_same_sweep_resumes_its_trials_and_ends_with_the_table_and_the_best_
     assert min(trials[tid]["restored_from_step"] for tid in interrupted[2]) >= 200, trials
     for t in trials.values():
         assert 0.5 <= t["metric"] <= 1.0 and t["metric"] == t["metrics"]["test_accuracy"]
-    # the table: every trial, best first
+    # the table: every trial, best first (equal accuracies: the lower test loss first)
     lines = out[out.index("trial  steps  learning_rate"):].splitlines()
-    ranked = sorted(trials.values(), key=lambda t: -t["metric"])
+    ranked = sorted(trials.values(), key=lambda t: (-t["metric"], t["metrics"]["test_loss"]))
     assert [ln.split()[0] for ln in lines[1:5]] == [t["id"] for t in ranked]
     assert all("verified" in ln for ln in lines[1:5])
     best = rec["best"]
