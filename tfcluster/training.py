@@ -247,9 +247,12 @@ def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict
     resume = previous.get("state") in runrecord.RESUMABLE
     if resume and previous.get("fingerprint", fingerprint) != fingerprint:
         changed = sorted(k for k in fingerprint if previous["fingerprint"].get(k) != fingerprint[k])
-        say(f"run {previous['run_id']} had another {', '.join(changed)}; starting a new run instead of resuming")
+        say(f"run {previous['run_id']} differs in {', '.join(changed)}; starting a new run instead of resuming")
         resume = False
     run_id = previous["run_id"] if resume else runrecord.new_id()
+    kept = keep_earlier_attempt_logs(state, run_id) if resume else None
+    if kept:
+        say(f"the node logs of run {run_id}'s earlier attempt: {kept}")
     run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(), "trial": trial,
            "resumed": resume, "fingerprint": fingerprint, "data": prepared["describe"],
            "settings_data": prepared["data"], "dataset_prefix": prepared["dataset_prefix"]}
@@ -260,6 +263,22 @@ def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict
     say(("resuming" if resume else "starting") + f" run {run_id}: {settings['steps']} steps on "
         f"{roles_text(spec)} ({spec.strategy}); model → {run['s3_prefix']}")
     return run, settings
+
+
+def keep_earlier_attempt_logs(state: ClusterState, run_id: str) -> Path | None:
+    """A run resumed: the node logs fetched when its earlier attempt ended move to
+    ``logs/<run-id>/attempt-<n>/`` (the resumed tasks' logs are fetched to ``logs/<run-id>/`` again, and each
+    node starts a new log). Returns where they went, or None when none were fetched."""
+    dest = state.logs / run_id
+    nodes = sorted(p for p in dest.iterdir() if p.is_dir() and not p.name.startswith("attempt-")) \
+        if dest.is_dir() else []
+    if not nodes:
+        return None
+    kept = dest / f"attempt-{1 + sum(1 for _ in dest.glob('attempt-*'))}"
+    kept.mkdir()
+    for node in nodes:
+        node.rename(kept / node.name)
+    return kept
 
 
 def roles_text(spec: RunSpec) -> str:

@@ -335,3 +335,29 @@ def test_make_status_shows_the_chiefs_notes_below_its_row(monkeypatch):
     chief = next(n.name for n in NODES if n.role == "chief")
     assert states[chief].splitlines()[1:] == [f"    {note}" for note in notes], states[chief]
     assert all("\n" not in text for name, text in states.items() if name != chief), states
+
+
+def test_a_resumed_run_keeps_the_logs_its_earlier_attempts_fetched(state, capsys):
+    """A resumed run's tasks start new node logs and its end fetches them to logs/<run-id>/ again: what an
+    earlier attempt fetched moves to logs/<run-id>/attempt-<n>/ first, never replaced."""
+    from tfcluster import config
+
+    spec = config.resolve({"cluster": "cc"})     # (its record and logs: the state of cluster c)
+    prepared = {"describe": {"source": "module", "sha256": "ab"}, "data": None, "dataset_prefix": "p"}
+    first, _ = training._open_run(spec, state, {}, prepared)
+    assert not first["resumed"] and "earlier attempt" not in capsys.readouterr().out
+    for attempt in (1, 2):
+        node = state.logs / first["run_id"] / "c-chief-0"
+        node.mkdir(parents=True)
+        (node / "node.log").write_text(f"attempt {attempt}\n")
+        again, _ = training._open_run(spec, state, dict(first, state="interrupted"), prepared)
+        assert again["resumed"] and again["run_id"] == first["run_id"]
+        kept = state.logs / first["run_id"] / f"attempt-{attempt}"
+        assert f"the node logs of run {first['run_id']}'s earlier attempt: {kept}" in capsys.readouterr().out
+        assert not node.exists()
+    assert [(p.parent.parent.name, p.read_text()) for p in sorted(state.logs.glob("*/attempt-*/*/node.log"))] == [
+        ("attempt-1", "attempt 1\n"), ("attempt-2", "attempt 2\n")]
+    changed = dict(first, state="interrupted", fingerprint=dict(first["fingerprint"], hparams={"u": 1}))
+    other = training._open_run(spec, state, changed, prepared)[0]
+    assert not other["resumed"] and f"run {first['run_id']} differs in hparams; starting a new run" in \
+        capsys.readouterr().out
