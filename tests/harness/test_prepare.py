@@ -81,6 +81,9 @@ def store(moto_endpoint, tmp_path_factory):
     for i in range(2):
         put(f"rec/good/train-{i}.tfrecord", buf.getvalue())
     put("rec/good/test-0.tfrecord", buf.getvalue())
+    put("rec/mixed/part-0.tfrecord", buf.getvalue())
+    put("rec/mixed/part-1.tfrecord", buf.getvalue())
+    put("rec/mixed/part-9.csv", b"a,b,target\n1,2,3\n")      # a glob that also takes a CSV file
     put("rec/garbage/train-0.tfrecord", b"this is not a tfrecord file at all" * 10)
     put("rec/garbage/train-1.tfrecord", b"this is not a tfrecord file at all" * 10)
     put("rec/garbage/test-0.tfrecord", b"this is not a tfrecord file at all" * 10)
@@ -124,7 +127,13 @@ def test_good_csv_and_tfrecord_jobs(store, tmp_path, creds):
     (CSV_MODEL, "csv/good/train-*", "csv/good/*", "csv", 2, prepare.DataError,
      "data.train and data.test both match s3://prep/csv/good/train-0.csv"),
     (TFRECORD_MODEL, "rec/garbage/train-*", "rec/garbage/test-*", "tfrecord", 2, prepare.DataError,
-     "s3://prep/rec/garbage/test-0.tfrecord: reading its first records with decode() failed"),
+     "s3://prep/rec/garbage/train-0.tfrecord: not a TFRecord file (its first 12 bytes are no record's length "
+     "and checksum); data.format is tfrecord"),
+    (TFRECORD_MODEL, "rec/mixed/part-*", "rec/good/test-*", "tfrecord", 2, prepare.DataError,
+     "s3://prep/rec/mixed/part-9.csv: not a TFRecord file"),
+    (CSV_MODEL, "rec/good/train-*", "rec/good/test-*", "csv", 2, prepare.DataError,
+     "s3://prep/rec/good/train-0.tfrecord: its first line is not text (binary bytes: not a CSV file; a TFRecord "
+     "file? data.format is csv)"),
     (TFRECORD_MODEL.replace("return row[\"x\"], tf.cast(row[\"y\"], tf.float32)", "return row[\"x\"]"),
      "rec/good/train-*", "rec/good/test-*", "tfrecord", 2, ModelModuleError,
      "decode() returns the wrong structure: decode(record) must return (features, label)"),

@@ -284,13 +284,11 @@ def _listing(client, job: dict) -> dict:
 def check_listing(client, job: dict) -> dict:
     """The first part of the files' check on its own (no module, no TensorFlow): both splits listed
     (:func:`_listing`), a share of the training files for every training task and, for CSV files, the
-    headers (:func:`_csv_columns`: the label among the columns, the same header in the files it reads; a
-    ranged GET each). The controller runs it before anything is created where the store is on its own
-    machine."""
+    start of every file (:func:`_each_file`: a ranged GET each). The controller runs it before anything is
+    created where the store is on its own machine."""
     listing = _listing(client, job)
     _assigned(listing["train"], job["workers"])
-    if job["data"]["format"] == "csv":
-        _csv_columns(client, listing["bucket"], job["data"], listing["train"], listing["test"])
+    _each_file(client, job["data"], listing)
     return listing
 
 
@@ -307,7 +305,7 @@ def _files(client, job: dict, module: ModuleType, listing: dict):
     spec = job["data"]
     bucket, train, test = listing["bucket"], listing["train"], listing["test"]
     assigned = _assigned(train, job["workers"])
-    columns = _csv_columns(client, bucket, spec, train, test) if spec["format"] == "csv" else None
+    columns = _each_file(client, spec, listing)
     settings_data = {"source": "files", "format": spec["format"], "bucket": bucket,
                      "label": spec.get("label") if columns else None, "columns": columns,
                      "train": assigned, "test": test}
@@ -320,28 +318,37 @@ def _files(client, job: dict, module: ModuleType, listing: dict):
     return {"data": settings_data, "dataset_prefix": None, "describe": describe}, (x, y)
 
 
-def _csv_columns(client, bucket: str, spec: dict, train: list[dict], test: list[dict]) -> list[str]:
-    from . import formats
+def _each_file(client, spec: dict, listing: dict) -> list[str] | None:
+    """Every file of both splits starts as ``data.format`` says (a ranged GET each, 16 at once): TFRecord
+    files with a record's length and checksum; CSV files with one header, the label among its columns, the
+    same in every file. Returns the CSV columns (None for TFRecord files)."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    columns = _header(client, bucket, train[0]["key"])
+    from . import formats, sources
+
+    bucket, files = listing["bucket"], listing["train"] + listing["test"]
+    csv = spec["format"] == "csv"
+
+    def start(f: dict):
+        try:
+            return sources.csv_header(client, bucket, f["key"]) if csv else \
+                sources.tfrecord_start(client, bucket, f["key"])
+        except ValueError as exc:   # the message names the file
+            raise DataError(str(exc)) from None
+
+    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+        starts = list(pool.map(start, files))
+    if not csv:
+        return None
+    columns = starts[0]
     problems = formats.csv_problems(columns, spec.get("label"))
     if problems:
-        raise DataError(f"s3://{bucket}/{train[0]['key']}: " + "; ".join(problems))
-    for f in (test[0], train[-1]):
-        other = _header(client, bucket, f["key"])
+        raise DataError(f"s3://{bucket}/{files[0]['key']}: " + "; ".join(problems))
+    for f, other in zip(files, starts, strict=True):
         if other != columns:
-            raise DataError(f"s3://{bucket}/{f['key']}: its header {other} differs from {train[0]['key']}'s "
+            raise DataError(f"s3://{bucket}/{f['key']}: its header {other} differs from {files[0]['key']}'s "
                             f"{columns}")
     return columns
-
-
-def _header(client, bucket: str, key: str) -> list[str]:
-    from . import sources
-
-    try:
-        return sources.csv_header(client, bucket, key)
-    except ValueError as exc:   # an empty file, a header too long to be one (the message names the file)
-        raise DataError(str(exc)) from None
 
 
 def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, first: dict):

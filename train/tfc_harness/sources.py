@@ -118,9 +118,35 @@ def csv_header(s3_client, bucket: str, key: str) -> list[str]:
     if not newline and len(head) >= HEADER_BYTES:
         raise ValueError(f"{what}: no end of the header line in its first {HEADER_BYTES} bytes")
     text = line.decode("utf-8-sig", errors="replace").rstrip("\r")
+    if "\x00" in text or "\ufffd" in text:
+        raise ValueError(f"{what}: its first line is not text (binary bytes: not a CSV file; a TFRecord file? "
+                         f"data.format is csv)")
     if not text.strip():
         raise ValueError(f"{what}: the first line (the CSV header) is empty")
     return [name.strip() for name in next(csv.reader([text]))]
+
+
+TFRECORD_HEADER = 12     # a TFRecord file starts with its first record's length (8 bytes) and its checksum (4)
+
+
+def tfrecord_start(s3_client, bucket: str, key: str) -> None:
+    """Raise ValueError naming ``s3://bucket/key`` unless it starts as a TFRecord file does: a record's length
+    and that length's masked CRC-32C (one ranged GET of 12 bytes; TFRecord files here are uncompressed)."""
+    head = _first_bytes(s3_client, bucket, key, TFRECORD_HEADER)
+    if len(head) < TFRECORD_HEADER or _masked_crc32c(head[:8]) != int.from_bytes(head[8:12], "little"):
+        raise ValueError(f"s3://{bucket}/{key}: not a TFRecord file (its first {TFRECORD_HEADER} bytes are no "
+                         f"record's length and checksum); data.format is tfrecord")
+
+
+def _masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum: CRC-32C (Castagnoli), rotated right by 15 bits plus a constant."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def _first_bytes(s3_client, bucket: str, key: str, count: int) -> bytes:
