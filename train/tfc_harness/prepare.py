@@ -319,7 +319,7 @@ def _files(client, job: dict, module: ModuleType, listing: dict):
 
 
 def _each_file(client, spec: dict, listing: dict) -> list[str] | None:
-    """Every file of both splits starts as ``data.format`` says (a ranged GET each, 16 at once): TFRecord
+    """Every file of both splits starts as ``data.format`` says (a ranged GET each, 8 at once): TFRecord
     files with a record's length and checksum; CSV files with one header, the label among its columns, the
     same in every file. Returns the CSV columns (None for TFRecord files)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -336,7 +336,7 @@ def _each_file(client, spec: dict, listing: dict) -> list[str] | None:
         except ValueError as exc:   # the message names the file
             raise DataError(str(exc)) from None
 
-    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+    with ThreadPoolExecutor(max_workers=min(8, len(files))) as pool:
         starts = list(pool.map(start, files))
     if not csv:
         return None
