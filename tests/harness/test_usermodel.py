@@ -306,3 +306,13 @@ def test_make_optimizer_problems_are_named(tmp_path):
     with pytest.raises(usermodel.ModelModuleError,
                        match=r"^model module opt.py: make_optimizer\(\) returned dict, not a Keras optimizer$"):
         usermodel.make_optimizer(module, 0.1)
+
+
+def test_a_reason_leaves_out_the_batchs_numbers_and_stays_short():
+    batch = np.arange(160, dtype=np.float64).reshape(8, 4, 5) / 7
+    exc = ValueError(f"Invalid input shape for input {batch}. Expected shape (None, 20), but input has "
+                     f"incompatible shape (8, 4, 5)")
+    assert usermodel.reason(exc) == ("Invalid input shape for input [...]. Expected shape (None, 20), but input "
+                                     "has incompatible shape (8, 4, 5)")
+    long = usermodel.reason(ValueError("word " * 400))
+    assert len(long) == usermodel.REASON_CHARS and long.endswith("...")

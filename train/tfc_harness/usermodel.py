@@ -348,6 +348,9 @@ def metric_objects(module: ModuleType, loss=None) -> list:
 
 
 #: Keras's text styling in its messages
+#: a printed array (its numbers, brackets and separators) as long as a line or more
+_ARRAY = re.compile(r"\[[\[\]\s\d.eE+\-,]{60,}\]")
+REASON_CHARS = 600          # a reason longer than this is cut
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -359,7 +362,8 @@ def reason(exc: Exception) -> str:
     if lines and lines[0].startswith("Exception encountered when calling"):
         cut = next((i for i, ln in enumerate(lines) if ln.startswith("Arguments received by")), len(lines))
         lines = lines[1:cut] or lines[:1]
-    return " ".join(lines)
+    text = _ARRAY.sub("[...]", " ".join(lines))     # the batch's numbers, which Keras puts in some messages
+    return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
 
 
 def check_batch(module: ModuleType, model, x, y, loss=None) -> None:
