@@ -39,6 +39,13 @@ def spec_from_args(args: argparse.Namespace) -> config.RunSpec:
         if key.startswith("provider_options."):
             options = overrides.setdefault("provider_options", dict(file_values.get("provider_options") or {}))
             options[key.split(".", 1)[1]] = value
+        elif key.startswith("training.hparams."):    # one hparam: the file's (or an earlier --set's) others kept
+            training = file_values.get("training")
+            hparams = overrides.setdefault("training.hparams", dict(
+                (training.get("hparams") if isinstance(training, dict) else None) or {}))
+            if not isinstance(hparams, dict):
+                raise ConfigError("training.hparams", hparams, "a mapping of names to values")
+            hparams[key.rsplit(".", 1)[1]] = value
         else:
             overrides[key] = value
     for flag, field in config.OVERRIDE_FLAGS.items():

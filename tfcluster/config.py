@@ -597,13 +597,19 @@ def parse_set(item: str) -> tuple[str, Any]:
     key = key.strip()
     if key.startswith("provider_options.") and len(key) > len("provider_options."):
         return key, raw.strip()  # one option of the provider-specific mapping, kept as text
-    if key not in FIELDS:
+    if key not in FIELDS and not _one_hparam(key):
         raise ConfigError(key, raw, "a known field: " + ", ".join(sorted(FIELDS)))
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value
+
+
+def _one_hparam(key: str) -> bool:
+    """``training.hparams.<name>``: one value of the model's hparams (the others kept)."""
+    return key.startswith("training.hparams.") and "." not in key.removeprefix("training.hparams.") and \
+        len(key) > len("training.hparams.")
 
 
 def load_file(path: str | Path | None) -> dict:

@@ -43,6 +43,24 @@ def test_cli_named_options_beat_set_and_file(tmp_path):
     assert spec.training.checkpoint_every == 3
 
 
+def test_set_of_one_hparam_keeps_the_files_others(tmp_path):
+    from tfcluster.cli import build_parser, spec_from_args
+
+    f = tmp_path / "c.yml"
+    f.write_text("training:\n  hparams: {units: 16, dropout: 0.1}\n")
+
+    def hparams(*sets):
+        args = build_parser().parse_args(["validate", "-c", str(f), *[a for s in sets for a in ("--set", s)]])
+        return spec_from_args(args).training.hparams
+
+    assert hparams("training.hparams.units=32", "training.hparams.act=relu") == {"units": 32, "dropout": 0.1,
+                                                                                 "act": "relu"}
+    assert hparams("training.hparams={depth: 2}", "training.hparams.units=8") == {"depth": 2, "units": 8}
+    with pytest.raises(ConfigError) as err:
+        config.parse_set("training.hparams.a.b=1")
+    assert err.value.field == "training.hparams.a.b"
+
+
 def test_set_values_are_yaml_typed():
     assert config.parse_set("network.allowed_ssh_cidrs=[10.0.0.0/8]") == ("network.allowed_ssh_cidrs",
                                                                          ["10.0.0.0/8"])
