@@ -125,8 +125,9 @@ def check(spec: RunSpec, hparams_variants: list[dict] | None = None) -> dict:
 
 def check_files(spec: RunSpec) -> str | None:
     """Before anything is created (``plan``, ``up``; ``validate`` reports it), where the run's store is local:
-    the files ``data.train`` and ``data.test`` name are listed as ``train`` lists them, and CSV headers read,
-    so a mistyped glob or bucket, or a header without the label, is refused (exit status 2) before any node
+    the files ``data.train`` and ``data.test`` name are listed and checked as ``train`` checks them (the
+    start of each file, then ``decode`` and the model on the first records), so a mistyped glob or bucket, a
+    header without the label or a ``decode`` of the wrong shape is refused (exit status 2) before any node
     boots.  Returns what was found, or None when nothing is listed here: data from ``make_dataset()``, or a
     store elsewhere, whose files ``train`` lists (``validate`` and ``plan`` of a cloud's configuration need
     no network and no credentials of it)."""
@@ -149,6 +150,9 @@ def check_files(spec: RunSpec) -> str | None:
         raise JobError(str(exc)) from None
     except (s3io.TransferError, s3io.CredentialsMissing) as exc:
         raise TfclusterError(f"object storage: {exc}") from None
+    # then what needs TensorFlow (decode on the first records, the model, loss and metrics on real examples),
+    # as train's check does: its stamp makes train's own check instant, so the import moves here, not twice
+    prepare(spec)
     return f"{len(listing['train'])} training and {len(listing['test'])} test files in s3://{listing['bucket']}/"
 
 

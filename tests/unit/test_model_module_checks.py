@@ -157,7 +157,7 @@ def _put(s3, prefix: str, *names: str) -> None:
 
 @pytest.mark.parametrize("command, case", [
     *[("up", case) for case in ("no such bucket", "a glob that matches nothing", "fewer files than workers",
-                                "no label column")],
+                                "no label column", "a model that does not fit the data")],
     ("plan", "no such bucket"), ("validate", "a glob that matches nothing")])
 def test_data_files_the_local_store_lacks_are_refused_before_anything_exists(files_home, tmp_path, bucket, command,
                                                                             case):
@@ -176,7 +176,13 @@ def test_data_files_the_local_store_lacks_are_refused_before_anything_exists(fil
                                      "worker 1 would have no data"),
         "no label column": (f"s3://tfct-files/{prefix}/nolabel-*.csv", f"s3://tfct-files/{prefix}/nolabel-0.csv: "
                             "label column 'y' is not in the header (a, b, c, d, price)"),
+        # 3 feature columns for a model of 4 inputs: found by TensorFlow on the first records, before any node
+        "a model that does not fit the data": (f"s3://tfct-files/{prefix}/three-*.csv", "model module job.py: "
+                                               "build_model() returned a model that fails on inputs of shape"),
     }[case]
+    if case == "a model that does not fit the data":     # every file of this test's own prefix: 3 features
+        for name in ("three-0.csv", "three-1.csv", "test-0.csv"):
+            s3.put_object(Bucket="tfct-files", Key=f"{prefix}/{name}", Body=b"a,b,c,y\n1,2,3,5\n")
     s3.put_object(Bucket="tfct-files", Key=f"{prefix}/nolabel-0.csv", Body=b"a,b,c,d,price\n1,2,3,4,5\n")
     s3.put_object(Bucket="tfct-files", Key=f"{prefix}/nolabel-1.csv", Body=b"a,b,c,d,price\n1,2,3,4,5\n")
     cfg = _files_config(tmp_path, train, f"s3://tfct-files/{prefix}/test-*.csv")
