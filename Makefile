@@ -27,7 +27,7 @@ BENCH_ARGS ?=
 TFCLUSTER = $(VENV)/bin/tfcluster
 CONFIG_ARGS = $(if $(CONFIG),--config $(CONFIG)) $(if $(CLUSTER),--cluster $(CLUSTER)) \
 	$(if $(PROVIDER),--provider $(PROVIDER)) $(if $(STRATEGY),--set strategy=$(STRATEGY)) $(if $(PS),--ps $(PS)) \
-	$(if $(WORKERS),--workers $(WORKERS)) $(if $(STEPS),--steps $(STEPS)) $(foreach s,$(SET),--set $(s))
+	$(if $(WORKERS),--workers $(WORKERS)) $(if $(STEPS),--steps $(STEPS)) $(foreach s,$(SET),--set '$(subst ','\'',$(s))')
 BOOTSTRAP = $(VENV)/.tfcluster-installed
 # `make up train down`: when `down` is a goal, a failed (or interrupted) up or train tears the cluster down
 # itself (Make stops at the first failing goal, so the `down` goal would never run)

@@ -41,10 +41,10 @@ def spec_from_args(args: argparse.Namespace) -> config.RunSpec:
             options[key.split(".", 1)[1]] = value
         elif key.startswith("training.hparams."):    # one hparam: the file's (or an earlier --set's) others kept
             training = file_values.get("training")
-            hparams = overrides.setdefault("training.hparams", dict(
-                (training.get("hparams") if isinstance(training, dict) else None) or {}))
-            if not isinstance(hparams, dict):
-                raise ConfigError("training.hparams", hparams, "a mapping of names to values")
+            base = overrides.get("training.hparams", training.get("hparams") if isinstance(training, dict) else None)
+            if base is not None and not isinstance(base, dict):
+                raise ConfigError("training.hparams", base, "a mapping of names to values")
+            hparams = overrides["training.hparams"] = dict(base or {})
             hparams[key.rsplit(".", 1)[1]] = value
         else:
             overrides[key] = value
@@ -71,6 +71,9 @@ def cmd_validate(args) -> int:
         found = job.check_files(spec)
     except TfclusterError as exc:
         found = f"not ready ('up' refuses until it is): {exc}"
+    else:       # the files are there: a decode or model that does not fit them is the module's error
+        if found:
+            job.check_data(spec)
     print(json.dumps(spec.to_dict(), indent=2))
     print(f"model module {checked['module']}: data from {checked['data']}, loss {checked['loss']}, metrics "
           f"{', '.join(checked['metrics']) or '(none: the loss)'}", file=sys.stderr)

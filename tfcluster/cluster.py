@@ -102,6 +102,8 @@ def preflight(spec: RunSpec) -> tuple[Provider, dict]:
     checked = dict(checked, files=job.check_files(spec))
     if checked["files"]:
         say(f"data: {checked['files']}")
+        with phase("check the data with the model"):
+            job.check_data(spec)
     previous = load_spec(state) if state.spec.exists() else None
     if previous and previous.provider != spec.provider:
         raise TfclusterError(f"cluster {spec.cluster} is up on provider {previous.provider}; "

@@ -6,6 +6,8 @@ inside tfcluster, and a crash in it must not take tfcluster down):
 * :func:`check` (``validate`` and ``up``, before anything is created): the module's interface; the
   result is cached under the cache root, keyed by the module's and the harness's content and the job's
   settings, so a second ``up`` with the same module does not import TensorFlow again;
+* :func:`check_files` and :func:`check_data` (``validate``, ``plan`` and ``up``, on the local store): the
+  data files listed and checked as ``train`` checks them, before anything is created;
 * :func:`prepare` (``train``, when a run starts): the run's data (stored by content, or listed and
   assigned to workers) and a check of model, loss and metrics on a few real examples; a passed check is
   recorded under the cache root (``_jobchecks/probes``), so a later run of the same module and hparams on
@@ -125,12 +127,11 @@ def check(spec: RunSpec, hparams_variants: list[dict] | None = None) -> dict:
 
 def check_files(spec: RunSpec) -> str | None:
     """Before anything is created (``plan``, ``up``; ``validate`` reports it), where the run's store is local:
-    the files ``data.train`` and ``data.test`` name are listed and checked as ``train`` checks them (the
-    start of each file, then ``decode`` and the model on the first records), so a mistyped glob or bucket, a
-    header without the label or a ``decode`` of the wrong shape is refused (exit status 2) before any node
-    boots.  Returns what was found, or None when nothing is listed here: data from ``make_dataset()``, or a
-    store elsewhere, whose files ``train`` lists (``validate`` and ``plan`` of a cloud's configuration need
-    no network and no credentials of it)."""
+    the files ``data.train`` and ``data.test`` name are listed as ``train`` lists them and the start of each
+    read, so a mistyped glob or bucket, or a header without the label, is refused (exit status 2) before any
+    node boots (:func:`check_data` then checks them with TensorFlow).  Returns what was found, or None when
+    nothing is listed here: data from ``make_dataset()``, or a store elsewhere, whose files ``train`` lists
+    (``validate`` and ``plan`` of a cloud's configuration need no network and no credentials of it)."""
     if not spec.data.train or not store.is_local_store(spec):
         return None
     running = store.is_running()
@@ -150,10 +151,15 @@ def check_files(spec: RunSpec) -> str | None:
         raise JobError(str(exc)) from None
     except (s3io.TransferError, s3io.CredentialsMissing) as exc:
         raise TfclusterError(f"object storage: {exc}") from None
-    # then what needs TensorFlow (decode on the first records, the model, loss and metrics on real examples),
-    # as train's check does: its stamp makes train's own check instant, so the import moves here, not twice
-    prepare(spec)
     return f"{len(listing['train'])} training and {len(listing['test'])} test files in s3://{listing['bucket']}/"
+
+
+def check_data(spec: RunSpec) -> None:
+    """After :func:`check_files` found the files (on the local store): ``train``'s own check of them, what
+    needs TensorFlow (``decode`` on the first records, the model, loss and metrics on real examples). Its
+    record makes a later ``train``'s check of the same job and files instant, so the import moves here."""
+    if spec.data.train and store.is_local_store(spec) and store.has_credentials():
+        prepare(spec)
 
 
 def prepare(spec: RunSpec, every_hparam_read: bool = True) -> dict:

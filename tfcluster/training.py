@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -270,11 +271,12 @@ def keep_earlier_attempt_logs(state: ClusterState, run_id: str) -> Path | None:
     ``logs/<run-id>/attempt-<n>/`` (the resumed tasks' logs are fetched to ``logs/<run-id>/`` again, and each
     node starts a new log). Returns where they went, or None when none were fetched."""
     dest = state.logs / run_id
-    nodes = sorted(p for p in dest.iterdir() if p.is_dir() and not p.name.startswith("attempt-")) \
-        if dest.is_dir() else []
+    folders = [p for p in dest.iterdir() if p.is_dir()] if dest.is_dir() else []
+    attempts = {p: int(p.name.removeprefix("attempt-")) for p in folders if re.fullmatch(r"attempt-\d+", p.name)}
+    nodes = sorted(p for p in folders if p not in attempts and p.name.startswith(f"{state.cluster}-"))
     if not nodes:
         return None
-    kept = dest / f"attempt-{1 + sum(1 for _ in dest.glob('attempt-*'))}"
+    kept = dest / f"attempt-{max(attempts.values(), default=0) + 1}"
     kept.mkdir()
     for node in nodes:
         node.rename(kept / node.name)

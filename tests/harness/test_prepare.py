@@ -84,6 +84,9 @@ def store(moto_endpoint, tmp_path_factory):
     put("rec/mixed/part-0.tfrecord", buf.getvalue())
     put("rec/mixed/part-1.tfrecord", buf.getvalue())
     put("rec/mixed/part-9.csv", b"a,b,target\n1,2,3\n")      # a glob that also takes a CSV file
+    # a TFRecord file's first length and checksum, then bytes that are no record: found by decode's reading
+    put("rec/corrupt/train-0.tfrecord", buf.getvalue()[:12] + b"\xff" * 200)
+    put("rec/corrupt/train-1.tfrecord", buf.getvalue())
     put("rec/garbage/train-0.tfrecord", b"this is not a tfrecord file at all" * 10)
     put("rec/garbage/train-1.tfrecord", b"this is not a tfrecord file at all" * 10)
     put("rec/garbage/test-0.tfrecord", b"this is not a tfrecord file at all" * 10)
@@ -129,6 +132,8 @@ def test_good_csv_and_tfrecord_jobs(store, tmp_path, creds):
     (TFRECORD_MODEL, "rec/garbage/train-*", "rec/garbage/test-*", "tfrecord", 2, prepare.DataError,
      "s3://prep/rec/garbage/train-0.tfrecord: not a TFRecord file (its first 12 bytes are no record's length "
      "and checksum); data.format is tfrecord"),
+    (TFRECORD_MODEL, "rec/corrupt/train-*", "rec/good/test-*", "tfrecord", 2, prepare.DataError,
+     "s3://prep/rec/corrupt/train-0.tfrecord: reading its first records with decode() failed"),
     (TFRECORD_MODEL, "rec/mixed/part-*", "rec/good/test-*", "tfrecord", 2, prepare.DataError,
      "s3://prep/rec/mixed/part-9.csv: not a TFRecord file"),
     (CSV_MODEL, "rec/good/train-*", "rec/good/test-*", "csv", 2, prepare.DataError,

@@ -169,6 +169,14 @@ def test_csv_header_problems(s3_client, bucket):
         sources.csv_header(s3_client, bucket, "long.csv")
     with pytest.raises(s3io.TransferError, match="missing.csv"):
         sources.csv_header(s3_client, bucket, "missing.csv")
+    s3_client.put_object(Bucket=bucket, Key="latin1.csv", Body="Größe,y\n1,2\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.csv: its header is not UTF-8 text \(re-save the file as UTF-8\)"):
+        sources.csv_header(s3_client, bucket, "latin1.csv")
+    s3_client.put_object(Bucket=bucket, Key="utf8.csv", Body="\ufeffGröße,y\n1,2\n".encode("utf-8"))
+    assert sources.csv_header(s3_client, bucket, "utf8.csv") == ["Größe", "y"]
+    s3_client.put_object(Bucket=bucket, Key="binary.csv", Body=b"\x5a\x00\x00\x00\x00\x00\x00\x00abcd\n")
+    with pytest.raises(ValueError, match="binary.csv: its first line is not text"):
+        sources.csv_header(s3_client, bucket, "binary.csv")
 
 
 def test_an_empty_csv_header_is_refused_once_named_by_the_check_of_the_listing(s3_client, bucket):

@@ -357,6 +357,10 @@ def test_a_resumed_run_keeps_the_logs_its_earlier_attempts_fetched(state, capsys
         assert not node.exists()
     assert [(p.parent.parent.name, p.read_text()) for p in sorted(state.logs.glob("*/attempt-*/*/node.log"))] == [
         ("attempt-1", "attempt 1\n"), ("attempt-2", "attempt 2\n")]
+    (state.logs / first["run_id"] / "attempt-1").rename(state.logs / first["run_id"] / "attempt-7")  # a gap
+    (state.logs / first["run_id"] / "c-chief-0").mkdir()
+    training._open_run(spec, state, dict(first, state="interrupted"), prepared)
+    assert (state.logs / first["run_id"] / "attempt-8" / "c-chief-0").is_dir()
     changed = dict(first, state="interrupted", fingerprint=dict(first["fingerprint"], hparams={"u": 1}))
     other = training._open_run(spec, state, changed, prepared)[0]
     assert not other["resumed"] and f"run {first['run_id']} differs in hparams; starting a new run" in \

@@ -59,6 +59,11 @@ def test_set_of_one_hparam_keeps_the_files_others(tmp_path):
     with pytest.raises(ConfigError) as err:
         config.parse_set("training.hparams.a.b=1")
     assert err.value.field == "training.hparams.a.b"
+    for bad in ("[1, 2]", "5", "abc", "[[a, 1], [b, 2]]"):      # the file's own hparams not a mapping
+        f.write_text(f"training:\n  hparams: {bad}\n")
+        with pytest.raises(ConfigError) as err:
+            hparams("training.hparams.units=32")
+        assert err.value.field == "training.hparams", bad
 
 
 def test_set_values_are_yaml_typed():

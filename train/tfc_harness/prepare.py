@@ -10,10 +10,11 @@ Nothing is read from storage.  ``validate`` and ``up`` run it.
 * module arrays: calls ``make_dataset()``, stores the arrays under their content hash
   (:func:`tfc_harness.data.ensure_dataset`);
 * files in storage: lists ``data.train``/``data.test``, assigns the training files to the training tasks
-  (disjoint, balanced by size), reads a CSV header;
+  (disjoint, balanced by size), reads the start of every file (a CSV header, a TFRecord's first length);
 
 then reads a few test and training examples, builds the model and runs it, its loss and its metrics on
-them (:func:`tfc_harness.usermodel.check_batch`).  ``train`` runs it when a run starts.  A passed check
+them (:func:`tfc_harness.usermodel.check_batch`).  ``train`` runs it when a run starts (on the local store
+``validate``, ``plan`` and ``up`` already did, for files).  A passed check
 leaves a stamp in ``probe_cache`` (when the job names one) keyed by the module, the hparams, the examples
 checked (module arrays) or the data settings, the number of training tasks and every file's key, ETag and
 size (files), the harness files that check them and the TensorFlow, Keras and NumPy releases: a later run of
@@ -23,7 +24,8 @@ module imports or reads: see :func:`_probe_stamp`).
 
 The JSON argument: ``{"module": path, "hparams": {}, "data": {"train", "test", "format", "label"} | null,
 "workers": n, "bucket", "endpoint", "region", "whole_object_gets": bool (optional: the local store, see
-:data:`tfc_harness.s3io.WHOLE_OBJECT_CONFIG`), "dataset_base": "datasets/<model>", "probe_cache": dir | null}``
+:data:`tfc_harness.s3io.WHOLE_OBJECT_CONFIG`), "dataset_base": "datasets/<model>", "probe_cache": dir | null,
+"every_hparam_read": bool (optional, default true), "hparams_variants": [{...}] (optional: a sweep's)}``
 (S3 credentials from the environment); ``workers`` is the number of training tasks
 (:func:`tfc_harness.strategies.training_tasks`), each of which gets its own files.  The result is one JSON
 line on stdout.  A problem in the user's module or data is one line ``ERROR: ...`` on stderr and exit status
@@ -336,8 +338,11 @@ def _each_file(client, spec: dict, listing: dict) -> list[str] | None:
         except ValueError as exc:   # the message names the file
             raise DataError(str(exc)) from None
 
-    with ThreadPoolExecutor(max_workers=min(8, len(files))) as pool:
-        starts = list(pool.map(start, files))
+    pool = ThreadPoolExecutor(max_workers=min(8, len(files)))
+    try:        # in order: the earliest file's error first; then the reads not started yet are dropped
+        starts = [future.result() for future in [pool.submit(start, f) for f in files]]
+    finally:
+        pool.shutdown(cancel_futures=True)
     if not csv:
         return None
     columns = starts[0]

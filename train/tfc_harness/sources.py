@@ -118,9 +118,11 @@ def csv_header(s3_client, bucket: str, key: str) -> list[str]:
     if not newline and len(head) >= HEADER_BYTES:
         raise ValueError(f"{what}: no end of the header line in its first {HEADER_BYTES} bytes")
     text = line.decode("utf-8-sig", errors="replace").rstrip("\r")
-    if "\x00" in text or "\ufffd" in text:
+    if any(c < " " and c != "\t" for c in text):
         raise ValueError(f"{what}: its first line is not text (binary bytes: not a CSV file; a TFRecord file? "
                          f"data.format is csv)")
+    if "\ufffd" in text:
+        raise ValueError(f"{what}: its header is not UTF-8 text (re-save the file as UTF-8)")
     if not text.strip():
         raise ValueError(f"{what}: the first line (the CSV header) is empty")
     return [name.strip() for name in next(csv.reader([text]))]
