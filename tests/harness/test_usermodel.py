@@ -229,6 +229,9 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
     ("import keras\nloss = 'binary_crossentropy'\n"
      "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])\n",
      np.array([0.0, 1.0]), "the loss fails on labels of shape (2,) and model outputs of shape (2, 3)"),
+    # labels decoded as strings
+    (MULTICLASS, np.array([b"0", b"1"]), "the labels are |S1 values, not numbers (the loss and the metrics need "
+                                         "numeric labels"),
 ])
 def test_labels_that_do_not_fit_the_loss_are_named(tmp_path, body, y, fragment):
     pytest.importorskip("keras")

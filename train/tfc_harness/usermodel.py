@@ -380,6 +380,11 @@ def check_batch(module: ModuleType, model, x, y, loss=None) -> None:
         raise fail(module, "build_model", f"returned a model that fails on inputs of shape {tuple(x.shape)}: "
                    f"{type(exc).__name__}: {reason(exc)}") from exc
     shapes = f"labels of shape {tuple(np.shape(y))} and model outputs of shape {tuple(out.shape)}"
+    kind = np.asarray(y).dtype
+    if kind.kind not in "biuf":      # bool, integers, floats
+        raise ModelModuleError(f"model module {label(module)}: the labels are {kind} values, not numbers (the "
+                               f"loss and the metrics need numeric labels: have decode() or make_dataset() "
+                               f"return them as numbers)")
     try:
         values = np.asarray(loss(y, out))
     except Exception as exc:
