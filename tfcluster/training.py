@@ -162,6 +162,12 @@ def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
     with phase("check the training job and its data"):   # before the slow configure: bad data fails fast
         prepared = job.prepare(spec, every_hparam_read=not trial)   # a sweep's trial: checked over all trials
         say(_data_line(spec, prepared))
+    if run.get("state") in runrecord.RESUMABLE and run.get("logs_fetched") is not True:
+        # its finish never ran (a lost controller) or failed: its tasks may still run, and each node's next
+        # start begins a new log (the old one kept as node.log.1 until the start after): fetch them now
+        say(f"run {run['run_id']} is '{run['state']}' without every node's log fetched: stopping its tasks "
+            f"and fetching them first")
+        _finish(spec, state, nodes, run, stop_chief=True)
     if configure_first:
         configure(spec)
     run, settings = _open_run(spec, state, run, prepared, trial)
@@ -172,6 +178,9 @@ def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
         runrecord.write(state, run)
         say(f"run {run['run_id']} was published before it was stopped: verifying it instead of training again")
         return verify(spec, run)
+    kept = keep_earlier_attempt_logs(state, run["run_id"]) if run["resumed"] else None
+    if kept:    # its tasks start again: each node begins a new log, fetched to the same folder at the end
+        say(f"the node logs of run {run['run_id']}'s earlier attempt: {kept}")
     shared = get_provider(spec.provider, state).shares_controller_cores
     with _AheadEvaluator(_local_copy(spec, run)) as ahead:
         final = _run_tasks(spec, state, nodes, run, settings, on_training=None if shared else ahead.start,
@@ -251,9 +260,6 @@ def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict
         say(f"run {previous['run_id']} differs in {', '.join(changed)}; starting a new run instead of resuming")
         resume = False
     run_id = previous["run_id"] if resume else runrecord.new_id()
-    kept = keep_earlier_attempt_logs(state, run_id) if resume else None
-    if kept:
-        say(f"the node logs of run {run_id}'s earlier attempt: {kept}")
     run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(), "trial": trial,
            "resumed": resume, "fingerprint": fingerprint, "data": prepared["describe"],
            "settings_data": prepared["data"], "dataset_prefix": prepared["dataset_prefix"]}

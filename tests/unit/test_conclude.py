@@ -12,7 +12,7 @@ import pytest
 from tfcluster import progress, runrecord, status, training
 from tfcluster.errors import TfclusterError
 from tfcluster.paths import ClusterState
-from tfcluster.providers.base import Node
+from tfcluster.providers.base import Node, write_nodes
 
 NODES = [Node("c-chief-0", "chief", 0, "10.0.0.10", "10.0.0.10", "debian", 22, 0),
          Node("c-worker-0", "worker", 0, "10.0.0.11", "10.0.0.11", "debian", 22, 0)]
@@ -337,31 +337,60 @@ def test_make_status_shows_the_chiefs_notes_below_its_row(monkeypatch):
     assert all("\n" not in text for name, text in states.items() if name != chief), states
 
 
-def test_a_resumed_run_keeps_the_logs_its_earlier_attempts_fetched(state, capsys):
+def test_a_resumed_run_keeps_the_logs_its_earlier_attempts_fetched(state):
     """A resumed run's tasks start new node logs and its end fetches them to logs/<run-id>/ again: what an
     earlier attempt fetched moves to logs/<run-id>/attempt-<n>/ first, never replaced."""
+    run = state.logs / "r1"
+    assert training.keep_earlier_attempt_logs(state, "r1") is None          # nothing fetched yet
+    for attempt in (1, 2):
+        (run / "c-chief-0").mkdir(parents=True)
+        (run / "c-chief-0" / "node.log").write_text(f"attempt {attempt}\n")
+        assert training.keep_earlier_attempt_logs(state, "r1") == run / f"attempt-{attempt}"
+        assert not (run / "c-chief-0").exists()
+    assert [(p.parent.parent.name, p.read_text()) for p in sorted(run.glob("attempt-*/*/node.log"))] == [
+        ("attempt-1", "attempt 1\n"), ("attempt-2", "attempt 2\n")]
+    (run / "attempt-1").rename(run / "attempt-7")                            # a gap: after the highest
+    (run / "c-chief-0").mkdir()
+    assert training.keep_earlier_attempt_logs(state, "r1") == run / "attempt-8"
+
+
+def test_a_run_of_other_settings_is_not_resumed(state, capsys):
     from tfcluster import config
 
-    spec = config.resolve({"cluster": "cc"})     # (its record and logs: the state of cluster c)
+    spec = config.resolve({"cluster": "cc"})     # (its record: the state of cluster c)
     prepared = {"describe": {"source": "module", "sha256": "ab"}, "data": None, "dataset_prefix": "p"}
     first, _ = training._open_run(spec, state, {}, prepared)
-    assert not first["resumed"] and "earlier attempt" not in capsys.readouterr().out
-    for attempt in (1, 2):
-        node = state.logs / first["run_id"] / "c-chief-0"
-        node.mkdir(parents=True)
-        (node / "node.log").write_text(f"attempt {attempt}\n")
-        again, _ = training._open_run(spec, state, dict(first, state="interrupted"), prepared)
-        assert again["resumed"] and again["run_id"] == first["run_id"]
-        kept = state.logs / first["run_id"] / f"attempt-{attempt}"
-        assert f"the node logs of run {first['run_id']}'s earlier attempt: {kept}" in capsys.readouterr().out
-        assert not node.exists()
-    assert [(p.parent.parent.name, p.read_text()) for p in sorted(state.logs.glob("*/attempt-*/*/node.log"))] == [
-        ("attempt-1", "attempt 1\n"), ("attempt-2", "attempt 2\n")]
-    (state.logs / first["run_id"] / "attempt-1").rename(state.logs / first["run_id"] / "attempt-7")  # a gap
-    (state.logs / first["run_id"] / "c-chief-0").mkdir()
-    training._open_run(spec, state, dict(first, state="interrupted"), prepared)
-    assert (state.logs / first["run_id"] / "attempt-8" / "c-chief-0").is_dir()
+    again, _ = training._open_run(spec, state, dict(first, state="interrupted"), prepared)
+    assert again["resumed"] and again["run_id"] == first["run_id"]
     changed = dict(first, state="interrupted", fingerprint=dict(first["fingerprint"], hparams={"u": 1}))
     other = training._open_run(spec, state, changed, prepared)[0]
     assert not other["resumed"] and f"run {first['run_id']} differs in hparams; starting a new run" in \
         capsys.readouterr().out
+
+
+@pytest.mark.parametrize("record, fetched_first", [
+    ({"run_id": "r1", "state": "started"}, True),                           # its controller was lost
+    ({"run_id": "r1", "state": "interrupted", "logs_fetched": False}, True),  # its finish could not fetch
+    ({"run_id": "r1", "state": "interrupted", "logs_fetched": True}, False),
+    ({"run_id": "r1", "state": "verified", "logs_fetched": True}, False),
+])
+def test_a_run_left_without_its_logs_has_them_fetched_before_new_tasks_start(state, monkeypatch, record,
+                                                                            fetched_first):
+    write_nodes(state.nodes, NODES)
+    runrecord.write(state, record)
+    calls = []
+    monkeypatch.setattr(training, "_check_cluster_fits", lambda *a: None)
+    monkeypatch.setattr(training.job, "prepare", lambda spec, every_hparam_read: {})
+    monkeypatch.setattr(training, "_data_line", lambda *a: "data")
+    monkeypatch.setattr(training, "_finish", lambda _s, _st, _n, run, stop_chief: calls.append(
+        ("finish", run["run_id"], stop_chief)))
+    monkeypatch.setattr(training, "_open_run", lambda *a: calls.append("open") or ({"run_id": "r1",
+                                                                                    "resumed": True}, {}))
+    monkeypatch.setattr(training, "_published", lambda *a: False)
+    monkeypatch.setattr(training, "keep_earlier_attempt_logs", lambda _state, run_id: calls.append("keep"))
+    monkeypatch.setattr(training, "get_provider", lambda *a: type("P", (), {"shares_controller_cores": False})())
+    monkeypatch.setattr(training, "_run_tasks", lambda *a, **kw: calls.append("tasks") or SUCCEEDED)
+    monkeypatch.setattr(training, "_conclude", lambda *a: {"state": "verified"})
+    spec = type("Spec", (), {"cluster": "c", "provider": "aws"})()
+    training.train(spec, configure_first=False)
+    assert calls == ([("finish", "r1", True)] if fetched_first else []) + ["open", "keep", "tasks"]
