@@ -394,3 +394,18 @@ def test_a_run_left_without_its_logs_has_them_fetched_before_new_tasks_start(sta
     spec = type("Spec", (), {"cluster": "c", "provider": "aws"})()
     training.train(spec, configure_first=False)
     assert calls == ([("finish", "r1", True)] if fetched_first else []) + ["open", "keep", "tasks"]
+
+
+def test_a_resumed_run_published_before_it_stopped_is_verified_and_its_logs_stay(state, monkeypatch):
+    write_nodes(state.nodes, NODES)
+    runrecord.write(state, {"run_id": "r1", "state": "interrupted", "logs_fetched": True})
+    calls = []
+    monkeypatch.setattr(training, "_check_cluster_fits", lambda *a: None)
+    monkeypatch.setattr(training.job, "prepare", lambda spec, every_hparam_read: {})
+    monkeypatch.setattr(training, "_data_line", lambda *a: "data")
+    monkeypatch.setattr(training, "_open_run", lambda *a: ({"run_id": "r1", "resumed": True}, {}))
+    monkeypatch.setattr(training, "_published", lambda *a: True)
+    monkeypatch.setattr(training, "keep_earlier_attempt_logs", lambda *a: calls.append("keep"))
+    monkeypatch.setattr(training, "verify", lambda _spec, run: calls.append("verify") or run)
+    training.train(type("Spec", (), {"cluster": "c", "provider": "aws"})(), configure_first=False)
+    assert calls == ["verify"]
