@@ -155,11 +155,10 @@ def check_files(spec: RunSpec) -> str | None:
 
 
 def check_data(spec: RunSpec) -> None:
-    """After :func:`check_files` found the files (on the local store): ``train``'s own check of them, what
-    needs TensorFlow (``decode`` on the first records, the model, loss and metrics on real examples). Its
+    """Once :func:`check_files` found the files (it returned what; only then): ``train``'s own check of them,
+    what needs TensorFlow (``decode`` on the first records, the model, loss and metrics on real examples). Its
     record makes a later ``train``'s check of the same job and files instant, so the import moves here."""
-    if spec.data.train and store.is_local_store(spec) and store.has_credentials():
-        prepare(spec)
+    prepare(spec)
 
 
 def prepare(spec: RunSpec, every_hparam_read: bool = True) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import sys
 
-from . import groups, remote, runrecord
+from . import remote, runrecord
 from .errors import ConfigError, TfclusterError
 from .paths import ClusterState, state_root
 from .providers.base import Node, read_nodes
@@ -58,10 +58,11 @@ def _stream_text(d: dict) -> str:
 def show_log(cluster: str, node_name: str | None, lines: int = 200) -> int:
     """Print a node of the cluster's (or of one of its sweep groups') log: the live one while the node
     answers, else the copy fetched at its last run's end."""
-    found = next((where for where in map(_node_log, _with_groups(cluster))
-                  if node_name in where["nodes"] or node_name in where["fetched"]), None)
+    places = [_node_log(c) for c in _with_groups(cluster)]
+    found = next((where for where in places if node_name in where["nodes"] or node_name in where["fetched"]),
+                 None)
     if node_name is None or found is None:
-        raise ConfigError("node (make logs NODE=...)", node_name or "", _known_nodes(cluster))
+        raise ConfigError("node (make logs NODE=...)", node_name or "", _known_nodes(cluster, places))
     state, node = found["state"], found["nodes"].get(node_name)
     if node is not None:
         text = remote.task_log(state, node, lines)
@@ -77,11 +78,11 @@ def show_log(cluster: str, node_name: str | None, lines: int = 200) -> int:
 
 
 def _with_groups(cluster: str) -> list[str]:
-    """The cluster and its sweep groups: those up, and those taken down whose state (their fetched logs) is
-    still here (``down`` forgets a group once it is gone)."""
+    """The cluster and its sweep groups (``<cluster>-g<k>``, :func:`tfcluster.groups.spec_for`) whose state is
+    here: those up, and those taken down with their fetched logs (``down`` forgets a group once it is gone,
+    so the state folders, not the group record, say which there are)."""
     group = re.compile(rf"{re.escape(cluster)}-g\d+")
-    kept = sorted(p.name for p in state_root().glob(f"{cluster}-g*") if group.fullmatch(p.name))
-    return list(dict.fromkeys((cluster, *groups.extra(cluster), *kept)))
+    return [cluster, *sorted(p.name for p in state_root().glob(f"{cluster}-g*") if group.fullmatch(p.name))]
 
 
 def _node_log(cluster: str) -> dict:
@@ -92,10 +93,10 @@ def _node_log(cluster: str) -> dict:
             "fetched": {p.parent.name: p for p in fetched_dir.glob("*/node.log")}}
 
 
-def _known_nodes(cluster: str) -> str:
+def _known_nodes(cluster: str, places: list[dict]) -> str:
     """What ``make logs NODE=`` may name: each group's nodes that are up, else its last run's fetched logs."""
     parts = []
-    for where in map(_node_log, _with_groups(cluster)):
+    for where in places:
         if where["nodes"]:
             parts.append(f"a node of cluster {where['cluster']}: {', '.join(sorted(where['nodes']))}")
         elif where["fetched"]:
