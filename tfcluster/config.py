@@ -21,13 +21,16 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
-from tfc_harness import strategies
+from tfc_harness import formats, strategies
 
 from .errors import ConfigError
 
 ROLES = strategies.JOB_ORDER  # the TensorFlow jobs, as the harness names them
+#: the providers (tfcluster.providers registers a class for each: tests/unit/test_config.py keeps the two equal;
+#: the providers import this module, so it cannot ask them)
 PROVIDERS = ("local", "aws", "gcp", "openstack", "im")
 STRATEGIES = strategies.names()
+FORMATS = formats.names()  # data.format
 #: ssh.timeout_seconds unless set, off the local provider: a cloud VM (a GPU one above all) can take minutes
 #: to run sshd, and IM reports VMs before their SSH is up
 CLOUD_SSH_TIMEOUT_S = 600
@@ -402,11 +405,12 @@ class Data(Section):
                         "model module's make_dataset())")
     test: Annotated[str, BeforeValidator(_s3_url)] = Field(
         "", description="test files, as data.train (required with it)")
-    format: Annotated[Literal["tfrecord", "csv"], BeforeValidator(choice_check("tfrecord", "csv"))] = Field(
-        "tfrecord", description="tfrecord (read with the module's decode(record)) or csv (a header line)")
+    format: Annotated[Literal[FORMATS], BeforeValidator(choice_check(*FORMATS))] = Field(  # type: ignore[valid-type]
+        "tfrecord", description=formats.describe())
     label: Annotated[str, BeforeValidator(matching_check(re.compile(r"^[^,\s\"]{1,100}$"),
                                                          "a CSV column name"))] = Field(
-        "label", description="csv: the label column; every other column is a float feature")
+        "label", description="a format with named columns (csv): the label column; every other column is a "
+                             "number, one of the features")
 
 
 #: the shortest allowed_ssh_cidrs prefix per IP version unless network.allow_wide_ssh_cidrs is set
@@ -448,9 +452,8 @@ class RunSpec(Section):
 
     cluster: Annotated[str, BeforeValidator(_cluster_name)] = Field(
         "tfc", description="cluster name: host, bridge and resource names derive from it")
-    provider: Annotated[Literal["local", "aws", "gcp", "openstack", "im"],
-                        BeforeValidator(choice_check(*PROVIDERS))] = Field("local", description="where the nodes "
-                                                                                                "come from")
+    provider: Annotated[Literal[PROVIDERS], BeforeValidator(choice_check(*PROVIDERS))] = Field(  # type: ignore[valid-type]
+        "local", description="where the nodes come from")
     strategy: Annotated[str, BeforeValidator(choice_check(*STRATEGIES))] = Field(
         "parameter_server", description="distribution strategy")
     provider_options: Annotated[dict[str, str], BeforeValidator(_options)] = Field(

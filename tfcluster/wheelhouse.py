@@ -148,7 +148,7 @@ def harness_bundle(train_dir: Path, dest_dir: Path, model_file: str = "") -> tup
     The same sources give the same bytes, so the copy to the nodes is skipped when nothing changed.
     Returns the bundle's path and its content id.
     """
-    members = sorted((f"tfc_harness/{p.name}", p) for p in (train_dir / "tfc_harness").glob("*.py"))
+    members = sorted((p.relative_to(train_dir).as_posix(), p) for p in (train_dir / "tfc_harness").rglob("*.py"))
     members += sorted((f"models/{p.name}", p) for p in (train_dir / "models").glob("*.py"))
     if model_file:
         members.append((f"models/{Path(model_file).name}", Path(model_file)))

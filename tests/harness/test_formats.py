@@ -8,6 +8,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from tfc_harness import formats  # noqa: E402
+from tfc_harness.formats import csv_files  # noqa: E402
 
 COLUMNS = ["a", "target", "b"]
 
@@ -33,7 +34,7 @@ def test_csv_features_in_header_order_without_the_label(tmp_path):
 
 
 def test_csv_reads_more_rows_than_a_chunk(tmp_path):
-    n = formats.CSV_CHUNK * 2 + 7
+    n = csv_files.CHUNK * 2 + 7
     lines = "".join(f"{i},{i % 3},{-i}\n" for i in range(n))
     path = _write(tmp_path / "big.csv", "a,target,b\n" + lines)
     rows = _read(formats.reader("csv", columns=COLUMNS, label="target"), [path])
@@ -66,17 +67,17 @@ def test_csv_file_with_another_header_is_refused(tmp_path):
 
 
 def test_csv_problems():
-    assert formats.csv_problems(["a", "b", "target"], "target") == []
-    assert formats.csv_problems([], "target") == ["no columns (the CSV header is empty)"]
-    assert formats.csv_problems(["a", "", "a", "a"], "y") == [
+    assert csv_files.problems(["a", "b", "target"], "target") == []
+    assert csv_files.problems([], "target") == ["no columns (the CSV header is empty)"]
+    assert csv_files.problems(["a", "", "a", "a"], "y") == [
         "column 2 has an empty name", "column name 'a' appears 3 times",
         "label column 'y' is not in the header (a, , a, a)"]
-    assert formats.csv_problems(["a", "b"], None) == ["no label column named (data.label)"]
-    assert formats.csv_problems(["y"], "y") == ["no feature columns besides the label 'y'"]
+    assert csv_files.problems(["a", "b"], None) == ["no label column named (data.label)"]
+    assert csv_files.problems(["y"], "y") == ["no feature columns besides the label 'y'"]
 
 
 def test_reader_arguments():
-    with pytest.raises(ValueError, match="unknown data format 'parquet'; expected one of tfrecord, csv"):
+    with pytest.raises(ValueError, match="unknown data format 'parquet'; expected one of csv, tfrecord"):
         formats.reader("parquet")
     with pytest.raises(ValueError, match="needs decode"):
         formats.reader("tfrecord")

@@ -1,9 +1,11 @@
-"""Data URLs, listing files in S3 (moto), their assignment to workers and the CSV header."""
+"""Data URLs, listing files in S3 (moto), their assignment to workers, and the formats' checks of a file's
+start (the CSV header, the TFRecord length and checksum)."""
 
 from __future__ import annotations
 
 import pytest
 from tfc_harness import s3io, sources
+from tfc_harness.formats import csv_files, tfrecord_files
 
 
 def _put(client, bucket, keys, body=b"x"):
@@ -145,9 +147,9 @@ def test_assign_refuses_a_worker_without_data():
 
 def test_csv_header(s3_client, bucket):
     s3_client.put_object(Bucket=bucket, Key="h.csv", Body=b"\xef\xbb\xbf a , b,\"c,d\",target\r\n1,2,3,4\r\n")
-    assert sources.csv_header(s3_client, bucket, "h.csv") == ["a", "b", "c,d", "target"]
+    assert csv_files.header(s3_client, bucket, "h.csv") == ["a", "b", "c,d", "target"]
     s3_client.put_object(Bucket=bucket, Key="only.csv", Body=b"x,y")
-    assert sources.csv_header(s3_client, bucket, "only.csv") == ["x", "y"]
+    assert csv_files.header(s3_client, bucket, "only.csv") == ["x", "y"]
 
 
 def test_csv_header_reads_only_the_first_bytes(s3_client, bucket):
@@ -156,27 +158,27 @@ def test_csv_header_reads_only_the_first_bytes(s3_client, bucket):
     seen = []
     s3_client.meta.events.register("after-call.s3.GetObject",
                                    lambda parsed, **kw: seen.append(parsed["ContentLength"]))
-    assert sources.csv_header(s3_client, bucket, "big.csv") == ["a", "b"]
-    assert seen and seen[0] <= sources.HEADER_BYTES < len(body)
+    assert csv_files.header(s3_client, bucket, "big.csv") == ["a", "b"]
+    assert seen and seen[0] <= csv_files.HEADER_BYTES < len(body)
 
 
 def test_csv_header_problems(s3_client, bucket):
     s3_client.put_object(Bucket=bucket, Key="empty.csv", Body=b"")
     with pytest.raises(ValueError, match="empty.csv: the first line .* is empty"):
-        sources.csv_header(s3_client, bucket, "empty.csv")
-    s3_client.put_object(Bucket=bucket, Key="long.csv", Body=b"a" * (sources.HEADER_BYTES + 10))
+        csv_files.header(s3_client, bucket, "empty.csv")
+    s3_client.put_object(Bucket=bucket, Key="long.csv", Body=b"a" * (csv_files.HEADER_BYTES + 10))
     with pytest.raises(ValueError, match="no end of the header line"):
-        sources.csv_header(s3_client, bucket, "long.csv")
+        csv_files.header(s3_client, bucket, "long.csv")
     with pytest.raises(s3io.TransferError, match="missing.csv"):
-        sources.csv_header(s3_client, bucket, "missing.csv")
+        csv_files.header(s3_client, bucket, "missing.csv")
     s3_client.put_object(Bucket=bucket, Key="latin1.csv", Body="Größe,y\n1,2\n".encode("latin-1"))
     with pytest.raises(ValueError, match=r"latin1.csv: its header is not UTF-8 text \(re-save the file as UTF-8\)"):
-        sources.csv_header(s3_client, bucket, "latin1.csv")
+        csv_files.header(s3_client, bucket, "latin1.csv")
     s3_client.put_object(Bucket=bucket, Key="utf8.csv", Body="\ufeffGröße,y\n1,2\n".encode("utf-8"))
-    assert sources.csv_header(s3_client, bucket, "utf8.csv") == ["Größe", "y"]
+    assert csv_files.header(s3_client, bucket, "utf8.csv") == ["Größe", "y"]
     s3_client.put_object(Bucket=bucket, Key="binary.csv", Body=b"\x5a\x00\x00\x00\x00\x00\x00\x00abcd\n")
     with pytest.raises(ValueError, match="binary.csv: its first line is not text"):
-        sources.csv_header(s3_client, bucket, "binary.csv")
+        csv_files.header(s3_client, bucket, "binary.csv")
 
 
 def test_an_empty_csv_header_is_refused_once_named_by_the_check_of_the_listing(s3_client, bucket):
@@ -189,3 +191,21 @@ def test_an_empty_csv_header_is_refused_once_named_by_the_check_of_the_listing(s
     with pytest.raises(prepare.DataError) as err:
         prepare.check_listing(s3_client, job)
     assert str(err.value) == f"s3://{bucket}/hd/train-0.csv: the first line (the CSV header) is empty"
+
+
+def test_tfrecord_checksum_is_crc32c_masked():
+    """CRC-32C's check value (of b"123456789", 0xE3069283), masked as TFRecord masks it."""
+    crc = 0xE3069283
+    assert tfrecord_files.masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def test_tfrecord_start(s3_client, bucket):
+    length = (17).to_bytes(8, "little")
+    good = length + tfrecord_files.masked_crc32c(length).to_bytes(4, "little") + b"r" * 17 + b"\0" * 4
+    s3_client.put_object(Bucket=bucket, Key="ok.tfrecord", Body=good)
+    assert tfrecord_files.FORMAT.start(s3_client, bucket, "ok.tfrecord") is None
+    for key, body in (("csv.tfrecord", b"a,b\n1,2\n3,4\n"), ("short.tfrecord", good[:11]),
+                      ("empty.tfrecord", b"")):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=body)
+        with pytest.raises(ValueError, match=rf"s3://{bucket}/{key}: not a TFRecord file .*data.format is tfrecord"):
+            tfrecord_files.FORMAT.start(s3_client, bucket, key)

@@ -24,9 +24,10 @@ def test_the_controller_imports_the_harness_without_a_path_insertion(tmp_path):
 
 
 def test_the_bundle_ships_every_harness_module(tmp_path):
-    """The bundle takes tfc_harness/*.py: a module in a sub-package would be missing on the nodes."""
+    """The bundle takes every module of tfc_harness, its sub-packages' too (the data formats')."""
     bundle, _ = wheelhouse.harness_bundle(TRAIN_DIR, tmp_path)
     shipped = {n for n in tarfile.open(bundle).getnames() if n.startswith("tfc_harness/")}
     sources = {p.relative_to(TRAIN_DIR).as_posix() for p in (TRAIN_DIR / "tfc_harness").rglob("*.py")}
     assert sources == shipped
-    assert {"tfc_harness/strategies.py", "tfc_harness/parameter_server.py"} <= shipped
+    assert {"tfc_harness/strategies.py", "tfc_harness/parameter_server.py", "tfc_harness/formats/__init__.py",
+            "tfc_harness/formats/csv_files.py"} <= shipped

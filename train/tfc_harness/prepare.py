@@ -44,7 +44,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from . import data, s3io, usermodel
+from . import data, formats, s3io, usermodel
 from .errors import HarnessError, ModelModuleError
 from .inputs import PROBE_EXAMPLES
 
@@ -101,9 +101,9 @@ def check_hparams_read(module: ModuleType, variants: list[dict | None]) -> None:
 def _check_data_source(job: dict, module: ModuleType) -> None:
     """The module has what its data source needs (no TensorFlow)."""
     files = job.get("data")
-    if files and files.get("format") == "tfrecord" and getattr(module, "decode", None) is None:
+    if files and formats.get(files["format"]).needs_decode and getattr(module, "decode", None) is None:
         raise ModelModuleError(f"model module {usermodel.label(module)} has no decode(record) function; "
-                               "data.format tfrecord needs one to turn a record into (features, label)")
+                               f"data.format {files['format']} needs one to turn a record into (features, label)")
     if not files and not usermodel.has_dataset(module):
         raise ModelModuleError(f"model module {usermodel.label(module)} has no data: define make_dataset() "
                                "or name files in the cluster file's data.train and data.test")
@@ -166,9 +166,9 @@ def _check_on(module: ModuleType, job: dict, x, y) -> None:
     usermodel.check_batch(module, model, x, y, usermodel.loss_fn(module))
 
 
-#: the harness files whose code checks a job (here and in the controller's cached interface check,
-#: ``tfcluster.job``): a change to any of them checks it again
-CHECK_CODE = ("prepare.py", "usermodel.py", "data.py", "inputs.py", "formats.py", "sources.py")
+#: the harness files (and folders: each of their modules) whose code checks a job (here and in the
+#: controller's cached interface check, ``tfcluster.job``): a change to any of them checks it again
+CHECK_CODE = ("prepare.py", "usermodel.py", "data.py", "inputs.py", "formats", "sources.py")
 #: the distributions a TensorFlow release may come as, the first installed one named in the key
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tensorflow-intel", "tf-nightly", "tf-nightly-cpu")
 
@@ -179,7 +179,8 @@ def code_digest(source: bytes):
     digest = hashlib.sha256(source)
     here = Path(__file__).parent
     for name in CHECK_CODE:
-        digest.update((here / name).read_bytes())
+        for path in sorted((here / name).glob("*.py")) if (here / name).is_dir() else [here / name]:
+            digest.update(path.read_bytes())
     return digest
 
 
@@ -321,20 +322,17 @@ def _files(client, job: dict, module: ModuleType, listing: dict):
 
 
 def _each_file(client, spec: dict, listing: dict) -> list[str] | None:
-    """Every file of both splits starts as ``data.format`` says (a ranged GET each, 8 at once): TFRecord
-    files with a record's length and checksum; CSV files with one header, the label among its columns, the
-    same in every file. Returns the CSV columns (None for TFRecord files)."""
+    """Every file of both splits starts as ``data.format`` says (:meth:`formats.Format.start`: a ranged GET
+    each, 8 at once) and the starts agree (:meth:`formats.Format.columns`: CSV files one header, the label
+    among its columns). Returns the column names (None for a format without named columns)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from . import formats, sources
-
+    fmt = formats.get(spec["format"])
     bucket, files = listing["bucket"], listing["train"] + listing["test"]
-    csv = spec["format"] == "csv"
 
     def start(f: dict):
         try:
-            return sources.csv_header(client, bucket, f["key"]) if csv else \
-                sources.tfrecord_start(client, bucket, f["key"])
+            return fmt.start(client, bucket, f["key"])
         except ValueError as exc:   # the message names the file
             raise DataError(str(exc)) from None
 
@@ -343,24 +341,15 @@ def _each_file(client, spec: dict, listing: dict) -> list[str] | None:
         starts = [future.result() for future in [pool.submit(start, f) for f in files]]
     finally:
         pool.shutdown(cancel_futures=True)
-    if not csv:
-        return None
-    columns = starts[0]
-    problems = formats.csv_problems(columns, spec.get("label"))
-    if problems:
-        raise DataError(f"s3://{bucket}/{files[0]['key']}: " + "; ".join(problems))
-    for f, other in zip(files, starts, strict=True):
-        if other != columns:
-            raise DataError(f"s3://{bucket}/{f['key']}: its header {other} differs from {files[0]['key']}'s "
-                            f"{columns}")
-    return columns
+    try:
+        return fmt.columns(bucket, [f["key"] for f in files], starts, spec.get("label"))
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
 
 
 def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, first: dict):
     """The first examples of one file, read as the workers will read them."""
     import tensorflow as tf
-
-    from . import formats
 
     where = f"s3://{bucket}/{first['key']}"
     read = formats.reader(settings_data["format"], decode=getattr(module, "decode", None),
@@ -386,7 +375,7 @@ def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, f
             own = _ASSERTED.search(_first_line(exc))
             if own and own.group(1).startswith(f"{path}: "):    # the CSV reader's check of a cell
                 raise DataError(where + own.group(1).removeprefix(str(path))) from None
-            what = "decode()" if settings_data["format"] == "tfrecord" else "CSV parsing"
+            what = formats.get(settings_data["format"]).parsing
             raise DataError(f"{where}: reading its first records with {what} failed: "
                             f"{type(exc).__name__}: {_first_line(exc)}") from None
     if batch is None:

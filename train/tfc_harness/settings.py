@@ -34,10 +34,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from . import strategies
+from . import formats, strategies
 
 ROLES = strategies.JOB_ORDER
 StrategyName = Literal[tuple(strategies.SHAPES)]  # type: ignore[valid-type]
+FormatName = Literal[formats.NAMES]  # type: ignore[valid-type]
 
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 _URL = re.compile(r"^https?://[^\s/]+")
@@ -107,10 +108,11 @@ class FileData(_Strict):
     """Training and test files in object storage (the cluster file's ``data:``), assigned to workers."""
 
     source: Literal["files"]
-    format: Literal["tfrecord", "csv"]
+    format: FormatName
     bucket: Text = Field(description="the bucket the files are in (same endpoint as s3)")
-    label: str | None = Field(None, description="csv: the label column")
-    columns: list[str] | None = Field(None, description="csv: the header's column names")
+    label: str | None = Field(None, description="a format with named columns (csv): the label column")
+    columns: list[str] | None = Field(None, description="a format with named columns (csv): their names, in "
+                                                        "the files' order")
     train: list[list[DataFile]] = Field(description="each training task's files, by training task index "
                                                     "(strategies.training_tasks)")
     test: list[DataFile] = Field(min_length=1, description="the test split's files")

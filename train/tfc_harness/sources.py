@@ -8,12 +8,12 @@ folders, but not folder markers (keys ending in ``/``).  Each file is ``{"key", 
 (etag without its quotes).
 
 :func:`assign` gives each worker its own files, balanced by size; nothing here opens a file's contents
-except :func:`csv_header`, which reads the first line with a ranged GET.  No TensorFlow import here.
+except :func:`first_bytes`, a file's start for its format's check (:mod:`tfc_harness.formats`).  No
+TensorFlow import here.
 """
 
 from __future__ import annotations
 
-import csv
 import fnmatch
 import heapq
 import re
@@ -23,7 +23,6 @@ from botocore.exceptions import ClientError
 from . import s3io
 
 WILDCARDS = "*?["
-HEADER_BYTES = 64 * 1024  # a CSV header line longer than this is refused
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,62}$")
 _ALLOWED = "s3://<bucket>/<glob> (e.g. s3://data/train-*.csv) or s3://<bucket>/<prefix>/ (ending in /)"
 
@@ -110,53 +109,13 @@ def assign(files: list[dict], num_workers: int) -> list[list[dict]]:
     return [sorted(share, key=lambda f: f["key"]) for share in shares]
 
 
-def csv_header(s3_client, bucket: str, key: str) -> list[str]:
-    """The column names on the first line of ``s3://bucket/key`` (read with a ranged GET)."""
-    what = f"s3://{bucket}/{key}"
-    head = _first_bytes(s3_client, bucket, key, HEADER_BYTES)
-    line, newline, _ = head.partition(b"\n")
-    if not newline and len(head) >= HEADER_BYTES:
-        raise ValueError(f"{what}: no end of the header line in its first {HEADER_BYTES} bytes")
-    text = line.decode("utf-8-sig", errors="replace").rstrip("\r")
-    if any(c < " " and c != "\t" for c in text):
-        raise ValueError(f"{what}: its first line is not text (binary bytes: not a CSV file; a TFRecord file? "
-                         f"data.format is csv)")
-    if "\ufffd" in text:
-        raise ValueError(f"{what}: its header is not UTF-8 text (re-save the file as UTF-8)")
-    if not text.strip():
-        raise ValueError(f"{what}: the first line (the CSV header) is empty")
-    return [name.strip() for name in next(csv.reader([text]))]
-
-
-TFRECORD_HEADER = 12     # a TFRecord file starts with its first record's length (8 bytes) and its checksum (4)
-
-
-def tfrecord_start(s3_client, bucket: str, key: str) -> None:
-    """Raise ValueError naming ``s3://bucket/key`` unless it starts as a TFRecord file does: a record's length
-    and that length's masked CRC-32C (one ranged GET of 12 bytes; TFRecord files here are uncompressed)."""
-    head = _first_bytes(s3_client, bucket, key, TFRECORD_HEADER)
-    if len(head) < TFRECORD_HEADER or _masked_crc32c(head[:8]) != int.from_bytes(head[8:12], "little"):
-        raise ValueError(f"s3://{bucket}/{key}: not a TFRecord file (its first {TFRECORD_HEADER} bytes are no "
-                         f"record's length and checksum); data.format is tfrecord")
-
-
-def _masked_crc32c(data: bytes) -> int:
-    """TFRecord's checksum: CRC-32C (Castagnoli), rotated right by 15 bits plus a constant."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
-    crc ^= 0xFFFFFFFF
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _first_bytes(s3_client, bucket: str, key: str, count: int) -> bytes:
+def first_bytes(s3_client, bucket: str, key: str, count: int) -> bytes:
+    """The first ``count`` bytes of ``s3://bucket/key`` (fewer when it is shorter; one ranged GET)."""
     def get():
         return s3_client.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{count - 1}")["Body"].read()
 
     try:
-        return s3io.with_retries(get, f"read the first line of s3://{bucket}/{key}")
+        return s3io.with_retries(get, f"read the start of s3://{bucket}/{key}")
     except s3io.TransferError as exc:
         cause = exc.__cause__
         if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") == "InvalidRange":

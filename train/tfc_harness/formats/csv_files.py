@@ -1,49 +1,78 @@
-"""Readers that turn a dataset of local file names into unbatched ``(features, label)`` examples.
+"""CSV files (``data.format: csv``): a header line, then rows of numbers.
 
-:func:`reader` returns a function of a ``tf.data.Dataset`` of file names, built from TensorFlow graph ops
-only, so it can run on a remote worker (:mod:`tfc_harness.stream`).  Files are read one after another,
-each to its end before the next name is taken: the stream's reader position relies on that.
-
-* ``tfrecord``: the model's ``decode(record) -> (features, label)`` mapped over each file's records.
-* ``csv``: every file starts with the same header line (checked per file against ``columns``); the label
-  column is a float32 scalar and every other column, in header order, one float32 in the features vector.
-  Cells are read as text and converted in chunks of :data:`CSV_CHUNK` rows, so that a cell that is not a
-  number fails with the file, line, column and value instead of TensorFlow's bare "Field 1 in record is
-  not a valid float".
+Every file starts with the same header line (checked per file against ``columns``); the label column is a
+float32 scalar and every other column, in header order, one float32 in the features vector. Cells are read
+as text and converted in chunks of :data:`CHUNK` rows, so that a cell that is not a number fails with the
+file, line, column and value instead of TensorFlow's bare "Field 1 in record is not a valid float".
 """
 
 from __future__ import annotations
 
+import csv
 from collections import Counter
 from collections.abc import Callable
 
-FORMATS = ("tfrecord", "csv")
-CSV_CHUNK = 512
+from . import Format
+
+CHUNK = 512
+HEADER_BYTES = 64 * 1024  # a CSV header line longer than this is refused
 # What TensorFlow's string-to-float conversion accepts (decimal, exponent, inf/nan, hex), blanks around.
 NUMBER = (r"\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|0[xX][0-9a-fA-F]+"
           r"|(?i:inf|infinity|nan))\s*")
 
 
-def reader(fmt: str, *, decode: Callable | None = None, columns: list[str] | None = None,
-           label: str | None = None) -> Callable:
-    """A function ``filenames -> dataset of (features, label)`` for ``fmt`` (see the module docstring)."""
-    if fmt == "tfrecord":
-        if columns is not None or label is not None:
-            raise ValueError("tfrecord data: columns and label are for csv data (decode gives the label)")
-        if not callable(decode):
-            raise ValueError("tfrecord data needs decode(record) -> (features, label) in the model module")
-        return _tfrecord_reader(decode)
-    if fmt == "csv":
+class Csv(Format):
+    name = "csv"
+    summary = "a header line naming the columns, data.label among them; every other column a number"
+    named_columns = True
+    parsing = "CSV parsing"
+
+    def start(self, s3_client, bucket: str, key: str) -> list[str]:
+        return header(s3_client, bucket, key)
+
+    def columns(self, bucket: str, keys: list[str], starts: list, label: str | None) -> list[str]:
+        first = starts[0]
+        found = problems(first, label)
+        if found:
+            raise ValueError(f"s3://{bucket}/{keys[0]}: " + "; ".join(found))
+        for key, other in zip(keys, starts, strict=True):
+            if other != first:
+                raise ValueError(f"s3://{bucket}/{key}: its header {other} differs from {keys[0]}'s {first}")
+        return first
+
+    def reader(self, *, decode: Callable | None, columns: list[str] | None, label: str | None) -> Callable:
         if decode is not None:
             raise ValueError("csv data: decode is for tfrecord data (csv columns are read as numbers)")
-        problems = csv_problems(columns, label)
-        if problems:
-            raise ValueError("csv data: " + "; ".join(problems))
-        return _csv_reader(list(columns), label)
-    raise ValueError(f"unknown data format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        found = problems(columns, label)
+        if found:
+            raise ValueError("csv data: " + "; ".join(found))
+        return _reader(list(columns), label)
 
 
-def csv_problems(columns: list[str] | None, label: str | None) -> list[str]:
+FORMAT = Csv()
+
+
+def header(s3_client, bucket: str, key: str) -> list[str]:
+    """The column names on the first line of ``s3://bucket/key`` (read with a ranged GET)."""
+    from ..sources import first_bytes
+
+    what = f"s3://{bucket}/{key}"
+    head = first_bytes(s3_client, bucket, key, HEADER_BYTES)
+    line, newline, _ = head.partition(b"\n")
+    if not newline and len(head) >= HEADER_BYTES:
+        raise ValueError(f"{what}: no end of the header line in its first {HEADER_BYTES} bytes")
+    text = line.decode("utf-8-sig", errors="replace").rstrip("\r")
+    if any(c < " " and c != "\t" for c in text):
+        raise ValueError(f"{what}: its first line is not text (binary bytes: not a CSV file; a TFRecord file? "
+                         f"data.format is csv)")
+    if "\ufffd" in text:
+        raise ValueError(f"{what}: its header is not UTF-8 text (re-save the file as UTF-8)")
+    if not text.strip():
+        raise ValueError(f"{what}: the first line (the CSV header) is empty")
+    return [name.strip() for name in next(csv.reader([text]))]
+
+
+def problems(columns: list[str] | None, label: str | None) -> list[str]:
     """What is wrong with a CSV header and label: no columns, empty or duplicate names, missing label."""
     if not columns:
         return ["no columns (the CSV header is empty)"]
@@ -59,34 +88,21 @@ def csv_problems(columns: list[str] | None, label: str | None) -> list[str]:
     return problems
 
 
-def _tfrecord_reader(decode: Callable) -> Callable:
-    import tensorflow as tf
-
+def _reader(columns: list[str], label: str) -> Callable:
     def read(filenames):
-        examples = filenames.flat_map(tf.data.TFRecordDataset).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
-        spec = examples.element_spec
-        if not (isinstance(spec, tuple) and len(spec) == 2):
-            raise ValueError(f"decode(record) must return (features, label), not {spec}")
-        return examples
+        return filenames.flat_map(lambda path: _file(path, columns, label))
 
     return read
 
 
-def _csv_reader(columns: list[str], label: str) -> Callable:
-    def read(filenames):
-        return filenames.flat_map(lambda path: _csv_file(path, columns, label))
-
-    return read
-
-
-def _csv_file(path, columns: list[str], label: str):
+def _file(path, columns: list[str], label: str):
     """One CSV file's examples, after checking its header."""
     import tensorflow as tf
 
     with tf.control_dependencies([_check_header(path, columns)]):
         path = tf.identity(path)
     rows = tf.data.experimental.CsvDataset(path, [""] * len(columns), header=True)
-    return (rows.enumerate(start=2).batch(CSV_CHUNK)
+    return (rows.enumerate(start=2).batch(CHUNK)
             .map(lambda lines, cells: _to_numbers(path, columns, label, lines, cells))
             .unbatch())
 

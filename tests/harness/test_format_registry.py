@@ -1,0 +1,58 @@
+"""The data formats are the modules of tfc_harness/formats: the configuration, the controller's checks and
+the workers' readers all find them there, so a new format is one module."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+
+import pytest
+from tfc_harness import formats
+
+from tfcluster import config
+from tfcluster.errors import ConfigError
+from tfcluster.providers.base import REGISTRY
+
+
+def test_the_formats_are_the_packages_modules():
+    assert formats.names() == ("csv", "tfrecord")
+    assert formats.get("tfrecord").needs_decode and not formats.get("csv").needs_decode
+    assert formats.get("csv").named_columns and not formats.get("tfrecord").named_columns
+    with pytest.raises(ValueError, match="unknown data format 'parquet'; expected one of csv, tfrecord"):
+        formats.get("parquet")
+
+
+def test_a_module_dropped_into_the_package_is_a_format(tmp_path, monkeypatch):
+    """A copy of the package with one more module (``FORMAT`` a Format) lists it: nothing else to edit."""
+    copy = tmp_path / "formats_copy"
+    shutil.copytree(formats.__path__[0], copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "lines_files.py").write_text(
+        "from . import Format\n\n\n"
+        "class Lines(Format):\n    name = 'lines'\n    summary = 'one example per line'\n\n\n"
+        "FORMAT = Lines()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        copied = importlib.import_module("formats_copy")
+        assert copied.names() == ("csv", "lines", "tfrecord")
+        assert "lines (one example per line)" in copied.describe()
+    finally:
+        for name in [n for n in sys.modules if n == "formats_copy" or n.startswith("formats_copy.")]:
+            del sys.modules[name]
+
+
+def test_the_cluster_file_takes_exactly_the_formats():
+    schema = config.json_schema()
+    data = schema["$defs"]["Data"]["properties"]["format"]
+    assert data["enum"] == list(formats.names())
+    for name in formats.names():
+        assert f"{name} (" in data["description"]
+        assert config.resolve({"data": {"format": name}}).data.format == name
+    with pytest.raises(ConfigError, match="data.format.*one of csv, tfrecord"):
+        config.resolve({"data": {"format": "parquet"}})
+
+
+def test_the_cluster_file_takes_exactly_the_registered_providers():
+    """config.PROVIDERS (the providers import config, so it cannot ask them) names every registered one."""
+    assert set(config.PROVIDERS) == set(REGISTRY)
+    assert config.json_schema()["properties"]["provider"]["enum"] == list(config.PROVIDERS)

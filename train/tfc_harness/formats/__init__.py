@@ -1,0 +1,97 @@
+"""The formats of data files in object storage (``data.format``): one module here per format.
+
+Each module defines ``FORMAT``, a :class:`Format`; this package finds them (every module in it), so a new
+format is one new module here and nothing else: the cluster file's ``data.format`` (its allowed values and
+description), the controller's check of the files and the workers' reader all go through :func:`get`.
+
+A format has three parts, used in this order:
+
+* :meth:`Format.start`, on the controller before anything runs: how one file must start, read with one
+  ranged GET (:func:`tfc_harness.sources.first_bytes`), no TensorFlow. Returns what the file's start tells
+  (CSV: its header's column names) or None.
+* :meth:`Format.columns`, over every file's start: whether they agree (one header for all) and what the
+  reader needs to know of them (the column names, or None).
+* :meth:`Format.reader`: a function of a ``tf.data.Dataset`` of local file names returning unbatched
+  ``(features, label)`` examples, built from TensorFlow graph ops only, so it can run on a remote worker
+  (:mod:`tfc_harness.stream`). Files are read one after another, each to its end before the next name is
+  taken: the stream's reader position relies on that.
+
+Nothing here imports TensorFlow, boto3 or numpy at import time: the controller's configuration reads
+:func:`names` and :func:`describe`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+
+
+class Format:
+    """One data format. Subclasses set the attributes and implement the three methods."""
+
+    #: ``data.format``'s value
+    name: str = ""
+    #: what it is, for ``data.format``'s description: "csv (a header line, ...)"
+    summary: str = ""
+    #: whether the model module needs ``decode(record) -> (features, label)`` for it
+    needs_decode: bool = False
+    #: whether ``data.label`` names one of its columns
+    named_columns: bool = False
+    #: what turns a file's records into examples, for errors: "decode()", "CSV parsing"
+    parsing: str = ""
+
+    def start(self, s3_client, bucket: str, key: str) -> object:
+        """Check how ``s3://bucket/key`` starts (one ranged GET); ValueError naming the file if it does not
+        start as this format's files do. Returns what :meth:`columns` needs of it (or None)."""
+        raise NotImplementedError
+
+    def columns(self, bucket: str, keys: list[str], starts: list, label: str | None) -> list[str] | None:
+        """Every file's :meth:`start` (``keys`` and ``starts`` in the same order) agree, and the label is among
+        them where the format names columns (ValueError naming the file). Returns the column names the reader
+        takes (None for a format without named columns)."""
+        return None
+
+    def reader(self, *, decode: Callable | None, columns: list[str] | None, label: str | None) -> Callable:
+        """A function ``filenames -> dataset of (features, label)`` (see the package's docstring); ValueError
+        when the arguments do not suit the format."""
+        raise NotImplementedError
+
+
+def _discover() -> dict[str, Format]:
+    found = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        fmt = getattr(importlib.import_module(f"{__name__}.{info.name}"), "FORMAT", None)
+        if isinstance(fmt, Format):
+            if fmt.name in found:
+                raise RuntimeError(f"data format {fmt.name!r} is defined twice ({info.name})")
+            found[fmt.name] = fmt
+    return found
+
+
+_FORMATS = _discover()
+#: every format's name, sorted
+NAMES = tuple(sorted(_FORMATS))
+
+
+def names() -> tuple[str, ...]:
+    return NAMES
+
+
+def get(name: str) -> Format:
+    """The format called ``name``; ValueError naming the ones there are."""
+    try:
+        return _FORMATS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown data format {name!r}; expected one of {', '.join(NAMES)}") from None
+
+
+def describe() -> str:
+    """``data.format``'s description: each format and what it is."""
+    return " or ".join(f"{fmt.name} ({fmt.summary})" for fmt in _FORMATS.values())
+
+
+def reader(fmt: str, *, decode: Callable | None = None, columns: list[str] | None = None,
+           label: str | None = None) -> Callable:
+    """:meth:`Format.reader` of the format called ``fmt``."""
+    return get(fmt).reader(decode=decode, columns=columns, label=label)
