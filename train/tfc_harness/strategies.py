@@ -3,7 +3,7 @@
 This module imports neither TensorFlow nor pydantic, so the controller can read :data:`SHAPES` to check
 a cluster file and to tell the boilerplate play what the inventory must hold.  Each strategy is a small
 module of its own (``parameter_server``: :mod:`tfc_harness.parameter_server`) that subclasses
-:class:`Strategy`; :func:`get` imports it by name.
+:class:`Strategy`, with a row in :data:`REGISTERED`; :func:`get` imports it by name.
 
 A shape maps each job (TensorFlow task type) to ``(minimum, maximum)`` task counts, ``None`` for no
 maximum.  Jobs absent from a strategy's shape must not appear in its cluster.
@@ -15,28 +15,35 @@ import abc
 import importlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 DEFAULT_STRATEGY = "parameter_server"
 
-# The one statement of each strategy's cluster shape (config validation, boilerplate play, harness).
-SHAPES: dict[str, dict[str, tuple[int, int | None]]] = {
-    "parameter_server": {"ps": (1, None), "worker": (1, None), "chief": (1, 1)},
-    "multi_worker_mirrored": {"worker": (1, None), "chief": (1, 1)},
-}
 
-# The jobs whose tasks consume training data, in the order their tasks are numbered as training tasks
-# (training task i reads the i-th share of the data: rows i::n of the arrays, or the i-th list of files).
-TRAINING_JOBS: dict[str, tuple[str, ...]] = {
-    "parameter_server": ("worker",),
-    "multi_worker_mirrored": ("chief", "worker"),
-}
+class Registered(NamedTuple):
+    """What the controller and every node know of a strategy before importing it (no TensorFlow)."""
 
-# strategy name -> "module:class" under tfc_harness (imported only when a node runs that strategy)
-_IMPLEMENTATIONS = {
-    "parameter_server": "parameter_server:ParameterServer",
-    "multi_worker_mirrored": "multi_worker:MultiWorkerMirrored",
+    #: ``{job: (minimum, maximum)}`` task counts, None for no maximum: the one statement of the strategy's
+    #: cluster shape (config validation, the boilerplate play, the harness)
+    shape: dict[str, tuple[int, int | None]]
+    #: the jobs whose tasks consume training data, in the order their tasks are numbered as training tasks
+    #: (training task i reads the i-th share of the data: rows i::n of the arrays, or the i-th list of files)
+    training_jobs: tuple[str, ...]
+    #: ``"module:class"`` under tfc_harness, imported only when a node runs the strategy (:func:`get`)
+    implementation: str
+
+
+# Each strategy, in one row: adding one is its module and a row here.
+REGISTERED: dict[str, Registered] = {
+    "parameter_server": Registered(shape={"ps": (1, None), "worker": (1, None), "chief": (1, 1)},
+                                   training_jobs=("worker",),
+                                   implementation="parameter_server:ParameterServer"),
+    "multi_worker_mirrored": Registered(shape={"worker": (1, None), "chief": (1, 1)},
+                                        training_jobs=("chief", "worker"),
+                                        implementation="multi_worker:MultiWorkerMirrored"),
 }
+SHAPES = {name: r.shape for name, r in REGISTERED.items()}
+TRAINING_JOBS = {name: r.training_jobs for name, r in REGISTERED.items()}
 
 # Every job any strategy knows, in the order TF_CONFIG lists them.
 JOB_ORDER = ("ps", "worker", "chief")
@@ -215,7 +222,7 @@ class Strategy(abc.ABC):
 def get(strategy: str) -> type[Strategy]:
     """The :class:`Strategy` subclass registered under ``strategy`` (imports its module)."""
     shape_for(strategy)
-    module_name, class_name = _IMPLEMENTATIONS[strategy].split(":")
+    module_name, class_name = REGISTERED[strategy].implementation.split(":")
     cls = getattr(importlib.import_module(f"{__package__}.{module_name}"), class_name)
     if cls.name != strategy:
         raise AssertionError(f"{cls.__name__}.name is {cls.name!r}, registered as {strategy!r}")
