@@ -34,7 +34,6 @@ FORMATS = formats.names()  # data.format
 #: ssh.timeout_seconds unless set, off the local provider: a cloud VM (a GPU one above all) can take minutes
 #: to run sshd, and IM reports VMs before their SSH is up
 CLOUD_SSH_TIMEOUT_S = 600
-LOCAL_MAX_NODES = 16
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,18}[a-z0-9]$")
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -447,6 +446,14 @@ class Ssh(Section):
                         "on clouds and im, whose VMs boot slower)")
 
 
+def _provider_class(name: str):
+    """The provider class registered as ``name`` (the providers import this module: asked when a spec is
+    checked, not when this module loads)."""
+    from .providers import REGISTRY
+
+    return REGISTRY[name]
+
+
 class RunSpec(Section):
     """A validated configuration (a cluster file, overrides and defaults)."""
 
@@ -504,14 +511,7 @@ class RunSpec(Section):
                     + (": PS=0 for make)" if role == "ps" else ")") if high == 0 else ""
                 raise ConfigError(f"nodes.{role}.count", self.count(role),
                                   f"{strategies.describe_count(low, high)} with strategy {self.strategy}{absent}")
-        if self.provider == "local":
-            if self.node_total > LOCAL_MAX_NODES:
-                raise ConfigError("nodes", f"{self.node_total} nodes",
-                                  f"at most {LOCAL_MAX_NODES} nodes in all on the local provider")
-            for role in ROLES:
-                if self.nodes[role].gpus:
-                    raise ConfigError(f"nodes.{role}.gpus", self.nodes[role].gpus,
-                                      "0 on the local provider (its nodes have no GPUs)")
+        _provider_class(self.provider).check_nodes(self)
         return self
 
     def _default_absent_jobs(self, shape: dict) -> None:
@@ -524,11 +524,9 @@ class RunSpec(Section):
 
     @property
     def uses_cloud_nodes(self) -> bool:
-        """Nodes and storage off this machine: every provider but local, and im unless it adopts local nodes."""
-        if self.provider == "local":
-            return False
-        adopt = self.provider_options.get("adopt_local", "").lower() in ("true", "yes", "1")
-        return not (self.provider == "im" and adopt)
+        """Nodes and storage off this machine: every provider but local, and im unless it adopts local nodes
+        (each provider says, :meth:`tfcluster.providers.base.Provider.uses_cloud_nodes`)."""
+        return _provider_class(self.provider).uses_cloud_nodes(self)
 
     def count(self, role: str) -> int:
         return self.nodes[role].count

@@ -156,9 +156,29 @@ class Provider(ABC):
     #: what a node's halt does, in the words of this provider (plan says it)
     halt_effect: ClassVar[str] = "the VM powers off"
 
+    #: at most this many nodes in all (None: the cloud's quotas decide)
+    max_nodes: ClassVar[int | None] = None
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.options = cls.options_model.descriptions()
+
+    @classmethod
+    def check_nodes(cls, spec: RunSpec) -> None:
+        """This provider's limits on the nodes, checked with the rest of the cluster file
+        (:class:`tfcluster.config.RunSpec` calls it): ConfigError naming the field."""
+        if cls.max_nodes is not None and spec.node_total > cls.max_nodes:
+            raise ConfigError("nodes", f"{spec.node_total} nodes", f"at most {cls.max_nodes} nodes in all on the "
+                                                                    f"{cls.name} provider")
+        for role in ROLES:
+            if spec.nodes[role].gpus and "gpus" in cls.unsupported:
+                raise ConfigError(f"nodes.{role}.gpus", spec.nodes[role].gpus,
+                                  f"0 on the {cls.name} provider ({cls.unsupported['gpus']})")
+
+    @classmethod
+    def uses_cloud_nodes(cls, spec: RunSpec) -> bool:
+        """Whether the nodes (and so their storage) are off this machine (:attr:`RunSpec.uses_cloud_nodes`)."""
+        return True
 
     def __init__(self, state: ClusterState):
         self.state = state
@@ -184,11 +204,7 @@ class Provider(ABC):
 
     def check(self, spec: RunSpec) -> None:
         """Refuse a spec this provider cannot serve, before anything is created."""
-        self.options_for(spec)
-        for role in ROLES:
-            if spec.count(role) and spec.nodes[role].gpus and "gpus" in self.unsupported:
-                raise ConfigError(f"nodes.{role}.gpus", spec.nodes[role].gpus,
-                                  f"0 ({self.unsupported['gpus']})")
+        self.options_for(spec)     # the nodes' limits (check_nodes) were checked with the cluster file
 
     def vm_halt_minutes(self, spec: RunSpec) -> int:
         """Minutes from the start of training after which each node halts its VM; 0 = never.

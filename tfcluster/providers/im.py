@@ -367,6 +367,11 @@ class ImProvider(Provider):
             "process remains either)")
     options_model = ImOptions
 
+    @classmethod
+    def uses_cloud_nodes(cls, spec: RunSpec) -> bool:
+        """Unless IM adopts local nodes (``adopt_local``; read before the options are checked)."""
+        return str(spec.provider_options.get("adopt_local", "")).lower() not in ("true", "yes", "1")
+
     def __init__(self, state: ClusterState):
         super().__init__(state)
         self.record_path = state.dir / "im.json"

@@ -87,6 +87,11 @@ class LocalProvider(TerraformProvider):
                    "spot": "there is no market for namespaces"}
     options_model = LocalOptions
     shares_controller_cores = True     # namespaces on this machine: the tasks' thread pools share its cores
+    max_nodes = 16
+
+    @classmethod
+    def uses_cloud_nodes(cls, spec: RunSpec) -> bool:
+        return False
 
     def check(self, spec: RunSpec) -> None:
         super().check(spec)
