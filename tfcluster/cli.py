@@ -221,6 +221,8 @@ def cmd_logs(args) -> int:
 def cmd_store(args) -> int:
     if args.action == "start":
         print(store.ensure_running())
+        store.credentials()     # its keys (0600), for the uploads README shows: made now unless this checkout has them
+        print(f"its keys: {store.credentials_path()}", file=sys.stderr)
     elif args.action == "stop":
         from .paths import state_root
 

@@ -47,14 +47,15 @@ def local_endpoint() -> str:
     return f"http://{ip}:{port}"
 
 
-def has_credentials() -> bool:
-    """Whether this state root holds the local store's keys (made by its first start of the store)."""
-    return (store_dir() / "credentials.env").exists()
+def credentials_path() -> Path:
+    """The local store's keys in this state root (made by :func:`credentials` when first needed: the first
+    ``up``, ``tfcluster store start``, or a check of the data's files)."""
+    return store_dir() / "credentials.env"
 
 
 def credentials() -> dict[str, str]:
     """The local store's key pair, created once (0600)."""
-    path = store_dir() / "credentials.env"
+    path = credentials_path()
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

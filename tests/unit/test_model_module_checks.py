@@ -200,6 +200,20 @@ def test_data_files_the_local_store_lacks_are_refused_before_anything_exists(fil
     assert _cluster_traces("tfct-mod") == []
 
 
+def test_a_state_root_without_the_stores_keys_still_checks_the_files(home, tmp_path, bucket):
+    """The store running, but this checkout never made its keys (another checkout started it, or it was started
+    before 'store start' made them): plan still lists the files, with keys made now (0600), and refuses a glob
+    that matches nothing instead of passing it on to the nodes."""
+    s3, prefix = bucket
+    _put(s3, prefix, "train-0.csv", "test-0.csv")
+    assert not (home / "_store").exists()
+    cfg = _files_config(tmp_path, f"s3://tfct-files/{prefix}/trian-*.csv", f"s3://tfct-files/{prefix}/test-*.csv")
+    res = run_cli("plan", "-c", str(cfg), home=home, timeout=180)
+    assert res.returncode == 2 and f"{prefix}/trian-*.csv matches no object" in res.stderr, res.stdout + res.stderr
+    keys = home / "_store" / "credentials.env"
+    assert keys.stat().st_mode & 0o777 == 0o600 and "AWS_SECRET_ACCESS_KEY=" in keys.read_text()
+
+
 def test_validate_says_which_files_it_found(files_home, tmp_path, bucket):
     s3, prefix = bucket
     _put(s3, prefix, "train-0.csv", "train-1.csv", "test-0.csv")
@@ -219,7 +233,7 @@ def test_a_store_that_fails_the_listing_is_one_error_line_not_a_traceback(monkey
 
     spec = config.resolve({"cluster": "tfct-mod", "data": {"train": "s3://tfct-files/x/train-*.csv",
                                                            "test": "s3://tfct-files/x/test.csv", "format": "csv"}})
-    for name in ("is_local_store", "is_running", "has_credentials"):
+    for name in ("is_local_store", "is_running"):
         monkeypatch.setattr(store, name, lambda *a: True)
     monkeypatch.setattr(store, "client", lambda spec: None)
 
