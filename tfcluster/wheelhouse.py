@@ -143,7 +143,8 @@ def serve(directory: Path, host: str) -> Iterator[str]:
 
 
 def harness_bundle(train_dir: Path, dest_dir: Path, model_file: str = "") -> tuple[Path, str]:
-    """A reproducible tar.gz of the harness and the models (plus a user's model file).
+    """A reproducible tar.gz of the harness (its sub-packages too) and the models (plus a user's model file),
+    with their folders.
 
     The same sources give the same bytes, so the copy to the nodes is skipped when nothing changed.
     Returns the bundle's path and its content id.
@@ -157,6 +158,11 @@ def harness_bundle(train_dir: Path, dest_dir: Path, model_file: str = "") -> tup
     contents.append((f".bundle-{digest}", digest.encode()))  # the node unpacks once per content id
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        # its folders first, 0755: the node removes the previous bundle's before unpacking (roles/tf_node)
+        for folder in sorted({parent for name, _ in contents for parent in Path(name).parents} - {Path(".")}):
+            info = tarfile.TarInfo(folder.as_posix())
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
+            tar.addfile(info)
         for name, data in contents:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, 0

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import importlib
 import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from tfc_harness import formats
 
 from tfcluster import config
 from tfcluster.errors import ConfigError
-from tfcluster.providers.base import REGISTRY
 
 
 def test_the_formats_are_the_packages_modules():
@@ -52,7 +53,23 @@ def test_the_cluster_file_takes_exactly_the_formats():
         config.resolve({"data": {"format": "parquet"}})
 
 
-def test_the_cluster_file_takes_exactly_the_registered_providers():
-    """config.PROVIDERS (the providers import config, so it cannot ask them) names every registered one."""
-    assert set(config.PROVIDERS) == set(REGISTRY)
-    assert config.json_schema()["properties"]["provider"]["enum"] == list(config.PROVIDERS)
+def test_the_controllers_configuration_imports_no_heavy_library():
+    """config imports the formats (their names, for data.format): no format module may import TensorFlow,
+    numpy or boto3 when it loads, or every CLI command (down too) would pay for it."""
+    code = ("import sys, tfcluster.config, tfc_harness.formats; "
+            "print(sorted(m for m in ('tensorflow', 'numpy', 'boto3', 'botocore') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+
+
+def test_the_job_checks_key_changes_with_any_format_module(tmp_path, monkeypatch):
+    """A changed format module checks a job again (prepare.code_digest hashes every module of formats/)."""
+    from tfc_harness import prepare
+
+    copy = tmp_path / "tfc_harness"
+    shutil.copytree(Path(prepare.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(prepare, "__file__", str(copy / "prepare.py"))
+    before = prepare.code_digest(b"module").hexdigest()
+    with open(copy / "formats" / "csv_files.py", "a") as f:
+        f.write("# changed\n")
+    assert prepare.code_digest(b"module").hexdigest() != before

@@ -218,6 +218,18 @@ def test_adopt_local_needs_a_deployednode_line(tmp_path, no_im_calls):
     assert "SECRETPASS" not in str(err.value)
 
 
+def test_adopted_nodes_are_held_to_the_local_providers_rules(tmp_path, no_im_calls):
+    """Under adopt_local the nodes are local ones: no GPUs (refused before IM is asked, naming the field)."""
+    auth = tmp_path / "auth.dat"
+    auth.write_text("id = im; type = InfrastructureManager; username = u; password = p\n"
+                    "id = local; type = DeployedNode\n")
+    auth.chmod(0o600)
+    spec = spec_for(options={"auth_file": str(auth), "adopt_local": "true", "image_url": ""}, gpus=(0, 1, 0))
+    with pytest.raises(ConfigError) as err:
+        ImProvider(ClusterState("tfct-im", root=tmp_path)).check(spec)
+    assert err.value.field == "nodes.worker.gpus" and "no GPUs" in err.value.allowed, err.value
+
+
 def test_cli_up_refuses_a_bad_value_with_exit_2(home, tmp_path, auth_file):
     cfg = tmp_path / "bad.yml"
     cfg.write_text(f"cluster: tfct-im\nprovider: im\nnetwork: {{allowed_ssh_cidrs: ['203.0.113.0/24']}}\n"

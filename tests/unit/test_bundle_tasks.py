@@ -1,6 +1,6 @@
 """tf_node's bundle tasks (roles/tf_node/tasks/bundle.yml), run by Ansible on this machine against a harness
-directory in the test's own directory: a bundle is copied once per content id, and an older bundle's id never
-skips the copy of a later one."""
+directory in the test's own directory: a bundle is copied once per content id, an older bundle's id never
+skips the copy of a later one, and nothing of another bundle stays beside it."""
 
 from __future__ import annotations
 
@@ -52,6 +52,15 @@ def test_a_bundle_is_copied_once_per_id_and_an_older_id_never_skips_a_later_bund
     assert _copied(_start_bundle(tmp_path, mine, mine_id))
     assert (harness / "models" / "mymodel.py").read_text() == user.read_text()
     assert sorted(p.name for p in harness.glob(".bundle-*")) == [f".bundle-{mine_id}"]
-    # back to the first bundle: its marker went with the second's unpack, so it is copied and unpacked again
+    stray = harness / "tfc_harness" / "formats" / "renamed_files.py"      # a module of an older harness only
+    stray.write_text("raise ImportError('an old bundle\'s module')\n")
+    # back to the first bundle: its marker went with the second's unpack, so it is copied and unpacked again,
+    # over nothing of the other bundle: neither the user's model nor a module this bundle lacks stays behind
     assert _copied(_start_bundle(tmp_path, plain, plain_id))
     assert sorted(p.name for p in harness.glob(".bundle-*")) == [f".bundle-{plain_id}"]
+    assert not stray.exists() and not (harness / "models" / "mymodel.py").exists()
+    shipped = {p.relative_to(harness).as_posix() for p in harness.rglob("*.py")}
+    assert shipped == {p.relative_to(TRAIN_DIR).as_posix() for p in TRAIN_DIR.glob("tfc_harness/**/*.py")} | \
+        {p.relative_to(TRAIN_DIR).as_posix() for p in TRAIN_DIR.glob("models/*.py")}
+    for folder in ("tfc_harness", "tfc_harness/formats", "models"):
+        assert (harness / folder).stat().st_mode & 0o777 == 0o755

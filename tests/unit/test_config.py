@@ -228,3 +228,11 @@ def test_json_schema_accepts_what_validates_and_refuses_what_editors_should_flag
         == ["additionalProperties"]
     assert [e.validator for e in validator.iter_errors({"provider_options": {"region": "x"}})] \
         == ["additionalProperties"]     # no provider named: local, whose only option is node_memory_mb
+
+
+def test_the_cluster_file_takes_exactly_the_registered_providers():
+    """config.PROVIDERS (the providers import config, so it cannot ask them) names every registered one."""
+    from tfcluster.providers.base import REGISTRY
+
+    assert set(config.PROVIDERS) == set(REGISTRY)
+    assert config.json_schema()["properties"]["provider"]["enum"] == list(config.PROVIDERS)

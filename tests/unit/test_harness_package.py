@@ -26,7 +26,10 @@ def test_the_controller_imports_the_harness_without_a_path_insertion(tmp_path):
 def test_the_bundle_ships_every_harness_module(tmp_path):
     """The bundle takes every module of tfc_harness, its sub-packages' too (the data formats')."""
     bundle, _ = wheelhouse.harness_bundle(TRAIN_DIR, tmp_path)
-    shipped = {n for n in tarfile.open(bundle).getnames() if n.startswith("tfc_harness/")}
+    members = tarfile.open(bundle).getmembers()
+    shipped = {m.name for m in members if m.name.startswith("tfc_harness/") and m.isfile()}
+    assert {m.name: oct(m.mode) for m in members if m.isdir()} == {
+        "models": "0o755", "tfc_harness": "0o755", "tfc_harness/formats": "0o755"}
     sources = {p.relative_to(TRAIN_DIR).as_posix() for p in (TRAIN_DIR / "tfc_harness").rglob("*.py")}
     assert sources == shipped
     assert {"tfc_harness/strategies.py", "tfc_harness/parameter_server.py", "tfc_harness/formats/__init__.py",

@@ -204,7 +204,9 @@ class Provider(ABC):
 
     def check(self, spec: RunSpec) -> None:
         """Refuse a spec this provider cannot serve, before anything is created."""
-        self.options_for(spec)     # the nodes' limits (check_nodes) were checked with the cluster file
+        self.options_for(spec)
+        type(self).check_nodes(spec)   # also checked with the cluster file; here too for a spec made from another
+                                       # (im's adopted nodes are checked as the local provider's)
 
     def vm_halt_minutes(self, spec: RunSpec) -> int:
         """Minutes from the start of training after which each node halts its VM; 0 = never.

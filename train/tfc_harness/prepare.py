@@ -179,7 +179,7 @@ def code_digest(source: bytes):
     digest = hashlib.sha256(source)
     here = Path(__file__).parent
     for name in CHECK_CODE:
-        for path in sorted((here / name).glob("*.py")) if (here / name).is_dir() else [here / name]:
+        for path in sorted((here / name).rglob("*.py")) if (here / name).is_dir() else [here / name]:
             digest.update(path.read_bytes())
     return digest
 
@@ -309,8 +309,9 @@ def _files(client, job: dict, module: ModuleType, listing: dict):
     bucket, train, test = listing["bucket"], listing["train"], listing["test"]
     assigned = _assigned(train, job["workers"])
     columns = _each_file(client, spec, listing)
+    named = formats.get(spec["format"]).named_columns
     settings_data = {"source": "files", "format": spec["format"], "bucket": bucket,
-                     "label": spec.get("label") if columns else None, "columns": columns,
+                     "label": spec.get("label") if named else None, "columns": columns,
                      "train": assigned, "test": test}
     x, y = _probe_files(client, bucket, settings_data, module, test[0])
     _probe_files(client, bucket, settings_data, module, train[0])
