@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import stat
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -59,6 +61,37 @@ def made_once(lock: Path, found: Callable[[], T | None], make: Callable[[], T]) 
         return done if done is not None else make()
 
 
+@contextlib.contextmanager
+def held_alone(lock: Path, busy: Callable[[str], Exception]) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``lock`` for the block, or raise ``busy(holder)`` at once when another
+    process holds it (``holder``: its pid and command line, as it wrote them). The lock goes with the process,
+    however it ends."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(os.open(lock, os.O_RDWR | os.O_CREAT, 0o644), "r+") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise busy(held.read().strip() or "a process that did not say which") from None
+        held.truncate()
+        held.write(f"pid {os.getpid()}: {' '.join(sys.argv)}\n")
+        held.flush()
+        yield
+
+
+def lock_holder(lock: Path) -> str | None:
+    """Who holds ``lock`` (as :func:`held_alone` wrote it), or None when nobody does."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    with open(fd) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f.read().strip() or "a process that did not say which"
+        return None
+
+
 def artifacts_root() -> Path:
     return Path(os.environ.get("TFCLUSTER_ARTIFACTS", REPO / "artifacts")).resolve()
 
@@ -106,6 +139,17 @@ class ClusterState:
     @property
     def logs(self) -> Path:
         return self.dir / "logs"
+
+    @property
+    def trainer_lock(self) -> Path:
+        """Held by the one ``train`` of the cluster at a time (:func:`held_alone`). Beside the clusters' state,
+        not in it: taking a lock creates no state of a cluster (``_locks``: cluster names start with a letter)."""
+        return self.dir.parent / "_locks" / f"{self.cluster}.train"
+
+    @property
+    def sweep_lock(self) -> Path:
+        """Held by the one sweep of the cluster (and its groups) at a time."""
+        return self.dir.parent / "_locks" / f"{self.cluster}.sweep"
 
     @property
     def run(self) -> Path:

@@ -32,8 +32,8 @@ from . import cluster as lifecycle
 from . import groups, runrecord, store
 from .cluster import say
 from .config import RunSpec
-from .errors import TfclusterError
-from .paths import ClusterState, artifacts_root
+from .errors import GuardError, TfclusterError
+from .paths import ClusterState, artifacts_root, held_alone
 from .runrecord import RunState
 from .sweepfile import Sweep, load, params_text, sweep_name, trial_spec
 
@@ -322,7 +322,16 @@ def publish(spec: RunSpec, sweep: Sweep, record: Record) -> str:
 
 def run(spec: RunSpec, sweep: Sweep) -> int:
     """Run (or resume) the sweep (as :func:`load` read it) on the cluster's groups, bringing up those not up;
-    print the table."""
+    print the table. One sweep of a cluster at a time: a second is refused (GuardError)."""
+    def busy(holder: str) -> GuardError:
+        return GuardError(f"cluster {spec.cluster} runs a sweep already ({holder}); wait for it, or stop it "
+                          f"(Ctrl-C in its terminal: its trials stay resumable) first")
+
+    with held_alone(ClusterState(spec.cluster).sweep_lock, busy):
+        return _run(spec, sweep)
+
+
+def _run(spec: RunSpec, sweep: Sweep) -> int:
     record = Record(spec, sweep)
     done = [t for t in record.trials() if t.get("state") == "verified"]
     say(f"sweep {sweep.name}: {len(sweep.trials)} trials ({sweep.method}), {sweep.parallel} at once, "

@@ -8,7 +8,7 @@ from .cluster import down as destroy_cluster
 from .cluster import load_spec, phase, say
 from .config import RunSpec
 from .errors import GuardError
-from .paths import ClusterState
+from .paths import ClusterState, lock_holder
 from .providers.base import read_nodes
 from .runrecord import RunState
 
@@ -17,9 +17,13 @@ def down_guard(cluster: str, force: bool) -> None:
     """Refuse to destroy a cluster whose run may hold the only copy of a model."""
     state = ClusterState(cluster)
     run = runrecord.read(state)
-    if force or run.get("state") not in runrecord.OPEN:
+    trainer = lock_holder(state.trainer_lock)
+    if force or (run.get("state") not in runrecord.OPEN and not trainer):
         return
-    if run["state"] == RunState.UNVERIFIED:
+    if trainer:
+        why = (f"a train of it is running ({trainer}); 'make status CLUSTER={cluster}' shows its progress, and "
+               f"Ctrl-C in its terminal stops it")
+    elif run["state"] == RunState.UNVERIFIED:
         why = (f"run {run['run_id']} published a model to {run['s3_prefix']} that has not been verified; "
                f"run 'make train CLUSTER={cluster}' to verify it")
     elif run["state"] == RunState.UNPUBLISHED:
@@ -27,7 +31,8 @@ def down_guard(cluster: str, force: bool) -> None:
                f"({run.get('held_reason')}); the only copy is on {run.get('held_on')} in "
                f"{run.get('held_path')}; fix the storage and run 'make train CLUSTER={cluster}' to publish it")
     else:
-        why = (f"run {run['run_id']} is still marked as training (the controller may have been stopped); "
+        why = (f"run {run['run_id']} is still marked as training, but no train of it is running (its controller "
+               f"was stopped: 'make train CLUSTER={cluster}' resumes it); "
                f"'make status CLUSTER={cluster}' shows the nodes")
     raise GuardError(f"refusing to destroy cluster {cluster}: {why}, or 'make down FORCE=1' to destroy anyway")
 

@@ -21,8 +21,8 @@ from tfc_harness import strategies
 from . import access, ansible_run, collected, configured, job, progress, runrecord, store, wheelhouse
 from .cluster import load_spec, phase, say
 from .config import ROLES, RunSpec
-from .errors import TfclusterError
-from .paths import TRAIN_DIR, ClusterState, artifacts_root
+from .errors import GuardError, TfclusterError
+from .paths import TRAIN_DIR, ClusterState, artifacts_root, held_alone
 from .providers import get_provider
 from .providers.base import Node, read_nodes
 from .runrecord import RunState
@@ -149,9 +149,20 @@ def stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, co
 def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
     """Check the job and its data, configure, start the tasks, wait with progress, stop ps/workers, fetch
     logs, verify. ``trial`` (``<sweep>/<trial id>``) names a sweep's trial: the run carries it, and resumes
-    only a run of the same trial."""
+    only a run of the same trial. One ``train`` of a cluster at a time: a second is refused (GuardError)."""
     state = ClusterState(spec.cluster)
     nodes = _nodes_or_fail(state)
+
+    def busy(holder: str) -> GuardError:
+        return GuardError(f"cluster {spec.cluster} is being trained by another tfcluster process ({holder}): a "
+                          f"second train would stop its tasks; wait for it ('make status CLUSTER={spec.cluster}' "
+                          f"shows its progress), or stop it (Ctrl-C in its terminal) first")
+
+    with held_alone(state.trainer_lock, busy):
+        return _train(spec, state, nodes, configure_first, trial)
+
+
+def _train(spec: RunSpec, state: ClusterState, nodes: list[Node], configure_first: bool, trial: str) -> dict:
     _check_cluster_fits(spec, state)
     run = runrecord.read(state)
     if run.get("state") == RunState.UNVERIFIED:

@@ -1,0 +1,78 @@
+"""One train of a cluster at a time (and one sweep): a second is refused at once, naming the first, and
+``down`` refuses while a train of the cluster runs. The first holds a lock that goes with its process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tfcluster import config, sweep, teardown, training
+from tfcluster.errors import GuardError
+from tfcluster.paths import ClusterState, held_alone, lock_holder
+
+HOLD = ("import sys, time\nfrom pathlib import Path\nfrom tfcluster.paths import held_alone\n"
+        "with held_alone(Path(sys.argv[1]), RuntimeError):\n    print('held', flush=True)\n    time.sleep(60)\n")
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """Start a process that holds a lock file until the test ends (killed: the lock goes with it)."""
+    procs = []
+
+    def hold(lock):
+        proc = subprocess.Popen([sys.executable, "-c", HOLD, str(lock)], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout.readline().strip() == "held"
+        return proc
+
+    yield hold
+    for proc in procs:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_a_held_lock_names_its_holder_and_goes_with_its_process(tmp_path, holder):
+    lock = tmp_path / "locks" / "c.train"
+    assert lock_holder(lock) is None
+    proc = holder(lock)
+    assert lock_holder(lock).startswith(f"pid {proc.pid}: ")
+    with pytest.raises(RuntimeError, match=f"pid {proc.pid}: "):
+        with held_alone(lock, RuntimeError):
+            pass
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while lock_holder(lock) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lock_holder(lock) is None
+    with held_alone(lock, RuntimeError):       # free again: taken, and named by this process while held
+        assert lock.read_text().startswith("pid ")
+
+
+def test_a_second_train_is_refused_naming_the_first_and_down_waits_for_it(tmp_path, monkeypatch, holder):
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path / "home"))
+    spec = config.resolve({"cluster": "tfct-one"})
+    state = ClusterState("tfct-one")
+    monkeypatch.setattr(training, "_nodes_or_fail", lambda state: [])
+    monkeypatch.setattr(training, "_train", lambda *a: pytest.fail("a second train went on"))
+    proc = holder(state.trainer_lock)
+    with pytest.raises(GuardError, match=rf"cluster tfct-one is being trained by another tfcluster process "
+                                         rf"\(pid {proc.pid}: .*\): a second train would stop its tasks"):
+        training.train(spec)
+    with pytest.raises(GuardError, match=rf"refusing to destroy cluster tfct-one: a train of it is running "
+                                         rf"\(pid {proc.pid}: "):
+        teardown.down_guard("tfct-one", force=False)
+    teardown.down_guard("tfct-one", force=True)     # FORCE=1 still destroys
+    assert not state.dir.exists()                   # the locks are not the cluster's state
+
+
+def test_a_second_sweep_is_refused(tmp_path, monkeypatch, holder):
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path / "home"))
+    spec = config.resolve({"cluster": "tfct-one"})
+    monkeypatch.setattr(sweep, "_run", lambda *a: pytest.fail("a second sweep went on"))
+    proc = holder(ClusterState("tfct-one").sweep_lock)
+    with pytest.raises(GuardError, match=rf"cluster tfct-one runs a sweep already \(pid {proc.pid}: "):
+        sweep.run(spec, None)
