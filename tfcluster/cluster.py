@@ -11,8 +11,8 @@ import time
 from contextlib import contextmanager
 
 from . import ansible_run, inventory, job, poll, remote, runrecord, store
-from .config import RunSpec, resolve
-from .errors import ProvisionError, TfclusterError
+from .config import ROLES, RunSpec, resolve
+from .errors import ClusterMismatch, ProvisionError, TfclusterError
 from .paths import ClusterState
 from .providers import get_provider
 from .providers.base import Node, Provider, read_nodes, write_nodes
@@ -104,11 +104,27 @@ def preflight(spec: RunSpec) -> tuple[Provider, dict]:
         say(f"data: {checked['files']}")
         with phase("check the data with the model"):
             job.check_data(spec)
-    previous = load_spec(state) if state.spec.exists() else None
-    if previous and previous.provider != spec.provider:
-        raise TfclusterError(f"cluster {spec.cluster} is up on provider {previous.provider}; "
-                             f"run 'make down CLUSTER={spec.cluster}' first")
+    check_fits_the_cluster_up(spec, state)
     return provider, checked
+
+
+def check_fits_the_cluster_up(spec: RunSpec, state: ClusterState) -> None:
+    """A cluster that is up keeps the provider, strategy and node counts it was made with (``up`` converging
+    it to others would break it: the local nodes' addresses and links follow their order); another needs
+    ``make down`` first. ClusterMismatch (exit status 2) naming each difference."""
+    up = load_spec(state)
+    if up is None:
+        return
+    differs = [f"provider {up.provider} (this configuration's: {spec.provider})"] if up.provider != spec.provider \
+        else []
+    differs += [f"strategy {up.strategy} (this configuration's: {spec.strategy})"] if up.strategy != spec.strategy \
+        else []
+    differs += [f"{up.count(role)} {role} node(s) (nodes.{role}.count here: {spec.count(role)})" for role in ROLES
+                if up.count(role) != spec.count(role)]
+    if differs:
+        raise ClusterMismatch(f"cluster {spec.cluster} is up with another shape: {'; '.join(differs)}; "
+                              f"'make down CLUSTER={spec.cluster}' and 'make up' with the new settings, or keep "
+                              "the cluster's")
 
 
 def up(spec: RunSpec, provider: Provider | None = None) -> list[Node]:

@@ -41,3 +41,10 @@ class JobError(TfclusterError):
     train (train)."""
 
     exit_code = EXIT_USAGE
+
+
+class ClusterMismatch(TfclusterError):
+    """The configuration asks for another cluster than the one that is up (its provider, strategy or node
+    counts): nothing was changed; the message says what differs."""
+
+    exit_code = EXIT_USAGE

@@ -19,7 +19,7 @@ from pathlib import Path
 from tfc_harness import strategies
 
 from . import access, ansible_run, collected, configured, job, progress, runrecord, store, wheelhouse
-from .cluster import load_spec, phase, say
+from .cluster import check_fits_the_cluster_up, load_spec, phase, say
 from .config import ROLES, RunSpec
 from .errors import GuardError, TfclusterError
 from .paths import TRAIN_DIR, ClusterState, artifacts_root, held_alone
@@ -244,13 +244,8 @@ def _published(spec: RunSpec, settings: dict) -> bool:
 def _check_cluster_fits(spec: RunSpec, state: ClusterState) -> None:
     """The nodes that are up were made for this provider, strategy and shape, and (where a cloud identity
     limits them) were granted the storage this run uses."""
-    def shape(s: RunSpec) -> tuple:
-        return s.provider, s.strategy, [s.count(r) for r in ROLES]
-
+    check_fits_the_cluster_up(spec, state)
     up_spec = load_spec(state)
-    if up_spec and shape(up_spec) != shape(spec):
-        raise TfclusterError(f"cluster {spec.cluster} is up with another shape, strategy or provider; "
-                             f"run 'make down' and 'make up' with the new settings first")
     if up_spec and get_provider(spec.provider, state).limits_storage_access:
         access.check_granted(access.storage_access(up_spec), access.storage_access(spec), spec.cluster)
 

@@ -149,3 +149,25 @@ def test_plan_refuses_a_model_module_up_would_refuse(home, tmp_path, plan_tmp):
     assert len(lines) == 1 and "nobuild.py" in lines[0] and "build_model" in lines[0], res.stderr
     assert "\nnodes:\n" not in res.stdout
     assert_nothing_created(home, CLUSTER, plan_tmp)
+
+
+def test_up_and_plan_refuse_another_shape_of_a_cluster_that_is_up(home, plan_tmp):
+    """A cluster up with 2 workers: plan (and up, which runs the same checks) with 3 names the difference and
+    exits 2, changing nothing; Terraform converging the nodes would break them (the local nodes' addresses and
+    links follow their order). The same counts pass."""
+    from tfcluster.cluster import save_spec
+
+    state = ClusterState(CLUSTER, root=home)
+    state.dir.mkdir()
+    save_spec(state, resolve(overrides={"cluster": CLUSTER}))
+    saved = state.spec.read_text()
+    res = run_cli("plan", "--cluster", CLUSTER, "--workers", "3", "--set", "strategy=multi_worker_mirrored",
+                  home=home, env={"TMPDIR": str(plan_tmp)}, timeout=240)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert (f"cluster {CLUSTER} is up with another shape: strategy parameter_server (this configuration's: "
+            f"multi_worker_mirrored); 1 ps node(s) (nodes.ps.count here: 0); 2 worker node(s) (nodes.worker.count "
+            f"here: 3); 'make down CLUSTER={CLUSTER}' and 'make up' with the new settings") in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and state.spec.read_text() == saved and sorted(
+        p.name for p in state.dir.iterdir()) == ["spec.json"]
+    res = run_cli("plan", "--cluster", CLUSTER, home=home, env={"TMPDIR": str(plan_tmp)}, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
