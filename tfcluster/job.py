@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tfc_harness import strategies
 
-from . import store
+from . import store, wheelhouse
 from .config import ROLES, RunSpec
 from .errors import JobError, TfclusterError
 from .paths import TRAIN_DIR, cache_root
@@ -74,6 +74,8 @@ def job_args(spec: RunSpec) -> dict:
         "whole_object_gets": store.is_local_store(spec),
         "dataset_base": dataset_base(spec),
         "probe_cache": str(cache_root() / "_jobchecks" / "probes"),
+        "node_packages": wheelhouse.node_packages(spec.tensorflow.version,
+                                                  [spec.nodes[r].gpus for r in ROLES if spec.count(r)]),
     }
 
 
@@ -111,7 +113,7 @@ def check(spec: RunSpec, hparams_variants: list[dict] | None = None) -> dict:
     """The model module's interface for this configuration (raises :class:`JobError` naming the problem).
     ``hparams_variants``: a sweep's trials' hparams, each built, every name read in one of them at least
     (:func:`tfc_harness.prepare.check_hparams_read`)."""
-    args = {k: job_args(spec)[k] for k in ("module", "hparams", "data")}
+    args = {k: job_args(spec)[k] for k in ("module", "hparams", "data", "node_packages")}
     if hparams_variants:
         args["hparams_variants"] = hparams_variants
     cache = cache_root() / "_jobchecks" / f"{_check_key(args)}.json"

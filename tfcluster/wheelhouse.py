@@ -69,6 +69,15 @@ def read_lock(path: Path) -> dict[tuple[str, str], set[str]]:
     return pins
 
 
+def node_packages(version: str, gpus: list[int]) -> dict:
+    """What the nodes of a run install (TensorFlow ``version`` on nodes with these GPU counts): ``{"packages":
+    [canonical distribution names], "locks": [the lock files' names]}``, for the job check of the model
+    module's imports (:func:`tfc_harness.prepare.check_imports`)."""
+    locks = [tfsupport.lock_file(p, version) for p in packages_for(gpus)]
+    names = sorted({name for lock in locks if lock.is_file() for name, _ in read_lock(lock)})
+    return {"packages": names, "locks": [lock.name for lock in locks]}
+
+
 def verify(directory: Path, locks: list[Path]) -> None:
     """Every wheel in ``directory`` of a version the locks pin must have one of the hashes they list."""
     pins: dict[tuple[str, str], set[str]] = {}

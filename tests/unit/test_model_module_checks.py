@@ -40,12 +40,19 @@ CASES = [
      "    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(hparams.get('units', 16))])\n"
      "def make_dataset(): pass\n", "training:\n  hparams: {units: 8, layrs: 2}\n",
      "model module job.py: build_model() never reads training.hparams 'layrs' (it reads units): a misspelt name"),
+    # the controller has scikit-learn (make_dataset may use it), the nodes do not: imported at the top, the module
+    # loads here and fails on every node; in a class body too (it runs when the module loads)
+    ("a package the nodes lack, imported when it loads", GOOD_MODEL + "if True:\n    class Data:\n"
+     "        from sklearn import datasets\nloss = 'mse'\ndef make_dataset(): pass\n", "",
+     "model module job.py imports sklearn (scikit-learn) when it loads (line 6), which the nodes do not install "
+     "(they have TensorFlow's packages, tensorflow-cpu-"),
 ]
 
 
 # `up` runs the same check as `validate`: every case through validate, a few through up too.
 RUNS = [("validate", *case) for case in CASES] + [("up", *case) for case in CASES if case[0] in (
-    "syntax error", "no data source", "metric Keras cannot resolve")]
+    "syntax error", "no data source", "metric Keras cannot resolve",
+    "a package the nodes lack, imported when it loads")]
 
 
 @pytest.mark.parametrize("command,case_id,module,cluster_text,message", RUNS,
@@ -247,3 +254,29 @@ def test_a_store_that_fails_the_listing_is_one_error_line_not_a_traceback(monkey
     assert not isinstance(err.value, JobError) and str(err.value).startswith("object storage: list s3://tfct-files")
     out = capsys.readouterr()
     assert out.out == "" and "retry 1/4" in out.err
+
+
+def test_only_the_imports_that_run_when_the_module_loads_must_be_on_the_nodes(tmp_path):
+    """Imports inside functions (make_dataset's scikit-learn) run on the controller only; the standard library,
+    the harness and the nodes' locked packages are there; a name no distribution provides is left to Python."""
+    import types
+
+    from tfc_harness import prepare
+    from tfc_harness.errors import ModelModuleError
+
+    from tfcluster import wheelhouse
+
+    nodes = wheelhouse.node_packages("2.21.0", [0, 0, 0])
+    assert {"tensorflow-cpu", "keras", "numpy", "boto3"} <= set(nodes["packages"]) and "scikit-learn" not in \
+        nodes["packages"]
+    path = tmp_path / "m.py"
+    path.write_text("from __future__ import annotations\nimport os, json\nimport numpy as np\nimport keras\n"
+                    "from tensorflow import keras as k\nimport tfc_harness.usermodel\nfrom . import sibling\n"
+                    "try:\n    import not_a_distribution_anywhere\nexcept ImportError:\n    pass\n"
+                    "def make_dataset():\n    from sklearn.datasets import load_iris\n    return load_iris()\n"
+                    "build = lambda: __import__('sklearn')\n")
+    module = types.SimpleNamespace(__file__=str(path), __name__="m")
+    prepare.check_imports(module, nodes)
+    path.write_text(path.read_text() + "import sklearn.datasets as d\n")
+    with pytest.raises(ModelModuleError, match=r"imports sklearn \(scikit-learn\) when it loads \(line 16\)"):
+        prepare.check_imports(module, nodes)

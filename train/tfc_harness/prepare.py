@@ -58,6 +58,7 @@ def check(job: dict, module: ModuleType | None = None, every_hparam_read: bool =
     reading any data. ``every_hparam_read``: :func:`check_hparams_read` (not in a sweep's trial: the sweep
     checked that over all of its trials)."""
     module = module or usermodel.load(job["module"])
+    check_imports(module, job.get("node_packages"))
     _check_data_source(job, module)
     loss = usermodel.loss_fn(module)
     metrics = usermodel.metric_objects(module, loss)
@@ -67,6 +68,61 @@ def check(job: dict, module: ModuleType | None = None, every_hparam_read: bool =
     return {"module": usermodel.label(module), "data": "files" if job.get("data") else "make_dataset",
             "loss": usermodel.loss_name(loss),
             "metrics": [m.name for m in metrics]}
+
+
+#: what a model module may import when it loads besides the nodes' installed packages: the harness (the bundle
+#: ships it with the module)
+SHIPPED = frozenset({"tfc_harness"})
+
+
+def check_imports(module: ModuleType, nodes: dict | None) -> None:
+    """The packages the module imports when it loads (its top-level imports, and those of its classes' bodies:
+    not a function's) are on the nodes: the standard library, :data:`SHIPPED`, or a distribution of
+    ``nodes["packages"]`` (:func:`tfcluster.wheelhouse.node_packages`). The controller's venv has more (it runs
+    ``make_dataset()``: scikit-learn, say), so a module importing one of those at its top loads here and
+    fails on every node. A name no installed distribution provides is left to the import itself."""
+    path = getattr(module, "__file__", None)
+    if not nodes or not path:
+        return
+    import ast
+    import importlib.metadata
+    import sys
+
+    provided = importlib.metadata.packages_distributions()
+    installed = set(nodes["packages"])
+    for name, line in _load_time_imports(ast.parse(Path(path).read_bytes(), path)):
+        if name in sys.stdlib_module_names or name in SHIPPED or name not in provided:
+            continue
+        dists = sorted({_canonical(d) for d in provided[name]})
+        if not installed & set(dists):
+            raise ModelModuleError(
+                f"model module {usermodel.label(module)} imports {name} ({', '.join(dists)}) when it loads (line "
+                f"{line}), which the nodes do not install (they have TensorFlow's packages, "
+                f"{', '.join(nodes['locks'])} in roles/tensorflow/files/locks/): import it inside make_dataset(), "
+                "which runs on the controller only")
+
+
+def _load_time_imports(tree) -> list[tuple[str, int]]:
+    """``(top-level package, line)`` of each absolute import that runs when the module loads: not inside a
+    function (a class body runs)."""
+    import ast
+
+    found, todo = [], list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Import):
+            found += [(alias.name.partition(".")[0], node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append((node.module.partition(".")[0], node.lineno))
+        else:
+            todo += list(ast.iter_child_nodes(node))
+    return found
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def check_hparams_read(module: ModuleType, variants: list[dict | None]) -> None:
