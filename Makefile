@@ -4,18 +4,19 @@ SHELL = /usr/bin/env bash -o pipefail
 .DEFAULT_GOAL := help
 
 ##@ Knobs (override on the command line: make up WORKERS=3)
-PROVIDER ?=
-CLUSTER ?=
-CONFIG ?=
-STRATEGY ?=
-PS ?=
-WORKERS ?=
-STEPS ?=
-FORCE ?=
-NODE ?=
-RUN ?=
-SWEEP ?=
-PORT ?=
+PROVIDER ?= ## local (default), aws, gcp, openstack, im
+CLUSTER ?=  ## the cluster's name (default tfc); its state in .tfcluster/<name>/
+CONFIG ?=   ## a cluster file (examples/*.yml); the knobs here override it
+STRATEGY ?= ## parameter_server (default) or multi_worker_mirrored
+PS ?=       ## parameter-server nodes (PS=0 with multi_worker_mirrored)
+WORKERS ?=  ## worker nodes
+STEPS ?=    ## training steps
+FORCE ?=    ## FORCE=1: down (and clean) past the guard that keeps a model not yet safe
+NODE ?=     ## make logs NODE=<node>
+RUN ?=      ## make tensorboard RUN=<run id>
+SWEEP ?=    ## a sweep file: make sweep / all / up SWEEP=sweep.yml
+PORT ?=     ## make tensorboard PORT=<port>
+SET ?=      ## SET='KEY=VALUE ...': any field of the cluster file, e.g. SET='training.learning_rate=0.01'
 VENV ?= .venv
 PYTEST_ARGS ?=
 STRATEGIES ?=
@@ -39,6 +40,7 @@ SWEEP_ARGS = $(if $(SWEEP),--sweep $(SWEEP))
 help: ## Show this help (the default goal)
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m [KNOB=value ...]\n"} \
 	/^[a-zA-Z_-]+:.*?##/ { printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2 } \
+	/^[A-Z_]+ +\?= *##/ { split($$0, k, / *\?= *## */); printf "  \033[36m%-12s\033[0m %s\n", k[1], k[2] } \
 	/^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 ##@ Set-up

@@ -43,15 +43,23 @@ def _notes_text(notes: list[str]) -> str:
     return "".join(f"\n    {note}" for note in notes)
 
 
+def _megabytes(count: int | None) -> str:
+    """``12 MB``, ``0.4 MB``, ``20 kB``: a small data set's files are not "0 MB"."""
+    count = count or 0
+    if count >= 10e6 or not count:
+        return f"{count / 1e6:.0f} MB"
+    return f"{count / 1e6:.1f} MB" if count >= 1e5 else f"{count / 1e3:.0f} kB"
+
+
 def _stream_text(d: dict) -> str:
     """A worker's data stream in `make status`: rate, epoch, bytes read, and its error if it stopped."""
     if d.get("all_kept"):
         text = (f", data from its disk: its {d.get('files', 0)} files were downloaded once "
-                f"({(d.get('bytes') or 0) / 1e6:.0f} MB), {d.get('reused', 0)} reads of them since (epoch "
+                f"({_megabytes(d.get('bytes'))}), {d.get('reused', 0)} reads of them since (epoch "
                 f"{d.get('epoch', 0)})")
     else:
         text = (f", data from S3 {d.get('mb_per_s') or 0:.1f} MB/s (epoch {d.get('epoch', 0)}, "
-                f"{(d.get('bytes') or 0) / 1e6:.0f} MB read)")
+                f"{_megabytes(d.get('bytes'))} read)")
     return text + (f", error: {d['error']}" if d.get("error") else "")
 
 
@@ -59,8 +67,12 @@ def show_log(cluster: str, node_name: str | None, lines: int = 200) -> int:
     """Print a node of the cluster's (or of one of its sweep groups') log: the live one while the node
     answers, else the copy fetched at its last run's end."""
     places = [_node_log(c) for c in _with_groups(cluster)]
-    found = next((where for where in places if node_name in where["nodes"] or node_name in where["fetched"]),
-                 None)
+    found = _holding(places, node_name)
+    named = _cluster_of(node_name)
+    if found is None and named not in (None, cluster):     # CLUSTER left out (or another): the node's own cluster
+        found = _holding([_node_log(c) for c in _with_groups(named)], node_name)
+        if found is not None:
+            print(f"(node {node_name} of cluster {found['cluster']})")
     if node_name is None or found is None:
         raise ConfigError("node (make logs NODE=...)", node_name or "", _known_nodes(cluster, places))
     state, node = found["state"], found["nodes"].get(node_name)
@@ -75,6 +87,16 @@ def show_log(cluster: str, node_name: str | None, lines: int = 200) -> int:
         sys.stdout.write("\n".join(fetched.read_text(errors="replace").splitlines()[-lines:]) + "\n")
         return 0
     raise TfclusterError(f"node {node_name} does not answer (or has no log yet) and no log of it was fetched")
+
+
+def _holding(places: list[dict], node_name: str | None) -> dict | None:
+    return next((where for where in places if node_name in where["nodes"] or node_name in where["fetched"]), None)
+
+
+def _cluster_of(node_name: str | None) -> str | None:
+    """The cluster a node's name says it is of (``<cluster>-<role>-<index>``), if its state is here."""
+    m = re.fullmatch(r"(.+)-(?:ps|worker|chief)-\d+", node_name or "")
+    return m.group(1) if m and ClusterState(m.group(1)).dir.is_dir() else None
 
 
 def _with_groups(cluster: str) -> list[str]:

@@ -102,6 +102,10 @@ def test_logs_of_an_unknown_node_or_none_name_the_nodes_whose_logs_were_fetched(
             "tfct-bad-worker-0"]
     res = run_cli("logs", "--cluster", "tfct-bad", "tfct-bad-worker-0", home=home, timeout=60)
     assert res.returncode == 0 and "tfct-bad-worker-0 says hello" in res.stdout, res.stdout + res.stderr
+    # without CLUSTER (make logs NODE=...): the node's name says its cluster
+    res = run_cli("logs", "tfct-bad-worker-0", home=home, timeout=60)
+    assert res.returncode == 0 and "tfct-bad-worker-0 says hello" in res.stdout, res.stdout + res.stderr
+    assert res.stdout.startswith("(node tfct-bad-worker-0 of cluster tfct-bad)")
 
 
 def test_logs_finds_a_node_of_a_sweep_group_from_the_clusters_name(home):

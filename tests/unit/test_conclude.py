@@ -316,7 +316,7 @@ def test_the_chief_watch_asks_a_silent_worker_for_its_rate_often_only_at_first(s
 def test_make_status_says_a_worker_reads_its_kept_files_without_an_old_s3_rate():
     kept = status._stream_text({"bytes": 19588, "mb_per_s": 0.3, "epoch": 39, "files": 3, "error": None,
                                   "reused": 114, "all_kept": True})
-    assert kept == (", data from its disk: its 3 files were downloaded once (0 MB), 114 reads of them since "
+    assert kept == (", data from its disk: its 3 files were downloaded once (20 kB), 114 reads of them since "
                     "(epoch 39)")
     streaming = status._stream_text({"bytes": 2e9, "mb_per_s": 41.5, "epoch": 1, "files": 9, "error": None})
     assert streaming == ", data from S3 41.5 MB/s (epoch 1, 2000 MB read)"
