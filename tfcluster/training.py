@@ -164,6 +164,11 @@ def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
 
 def _train(spec: RunSpec, state: ClusterState, nodes: list[Node], configure_first: bool, trial: str) -> dict:
     _check_cluster_fits(spec, state)
+    if store.is_local_store(spec) and not store.is_running():
+        raise TfclusterError(f"the local S3 store at {store.local_endpoint()} is not running ('make clean' stops it, "
+                             f"and its objects go with it: data uploaded to it, checkpoints); 'make up "
+                             f"CLUSTER={spec.cluster}' starts it again (the cluster stays as it is), then upload "
+                             "your data again if it was there, and 'make train'")
     run = runrecord.read(state)
     if run.get("state") == RunState.UNVERIFIED:
         say(f"run {run['run_id']} was published but not verified yet: verifying it")

@@ -43,3 +43,39 @@ def test_a_stopped_serving_task_leaves_at_once_with_130(tmp_path):
     assert "stopped: leaving without TensorFlow's teardown" in out
     assert took < 10      # a thread sleeping 600 s would have held a normal exit
     assert not kept.exists()      # what it had to remove first is gone
+
+
+def test_a_stopped_loop_running_task_says_so_and_exits_130_without_a_traceback(monkeypatch, capsys):
+    """The chief (and, under all-reduce, every task) runs the loop: SIGINT, the supervisor's stop after a Ctrl-C of
+    train, reaches it as KeyboardInterrupt, which ends it with one line (its log is what make logs shows)."""
+    import types
+
+    from tfc_harness import chief, runner, strategies, threads
+    from tfc_harness import settings as settings_mod
+
+    fake = types.SimpleNamespace(role="chief", index=0, cluster="c", run_id="r", strategy="parameter_server",
+                                 state_dir="/nonexistent", threads=None)
+    monkeypatch.setattr(settings_mod, "validate", lambda raw: fake)
+    monkeypatch.setattr(runner, "prepare_process", lambda settings: settings)
+    monkeypatch.setattr(threads, "apply", lambda given: "threads: TensorFlow's defaults")
+
+    class Loop:
+        ends_without_shutdown = False
+
+        def __init__(self, settings):
+            pass
+
+        def runs_loop(self):
+            return True
+
+    monkeypatch.setattr(strategies, "get", lambda name: Loop)
+
+    def interrupted(settings, strategy):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(chief, "run", interrupted)
+    monkeypatch.setattr(runner.preemption, "listen", lambda: None)
+    assert runner.main({}) == server.STOPPED_EXIT_CODE
+    err = capsys.readouterr().err
+    assert err.strip().endswith("chief 0: stopped (SIGINT); a next train resumes from the last checkpoint")
+    assert "Traceback" not in err

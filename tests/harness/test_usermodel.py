@@ -290,6 +290,9 @@ def test_names_and_functions_meet_outputs_of_shape_n_1_as_keras_loss_classes_do(
     ("def metrics():\n    return ['acuracy']\n", "metrics() returned 'acuracy', which is not a Keras metric name"),
     ("def metrics():\n    return 'mae'\n", "metrics() returned str; it must return a list of Keras metrics"),
     ("def metrics():\n    return ['mae', 'mae']\n", "metrics() returned metrics with the same name"),
+    ("def within(y_true, y_pred):\n    return abs(y_true - y_pred) < 1\ndef metrics():\n    return [within]\n",
+     "metrics() returned function, not a keras.metrics.Metric (or name); wrap a function of (y_true, y_pred) as "
+     "keras.metrics.MeanMetricWrapper(within, name=...)"),
 ])
 def test_loss_and_metrics_keras_cannot_resolve(tmp_path, body, fragment):
     pytest.importorskip("keras")

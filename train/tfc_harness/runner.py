@@ -81,7 +81,14 @@ def main(raw_settings: dict) -> int:
     if not strategy.runs_loop():
         return serve(strategy)
     from . import chief
-    code = chief.run(settings, strategy)
+    try:
+        code = chief.run(settings, strategy)
+    except KeyboardInterrupt:   # SIGINT: the supervisor stopped the task (a Ctrl-C of train, a run's end)
+        from .server import STOPPED_EXIT_CODE
+
+        print(f"{settings.role} {settings.index}: stopped (SIGINT); a next train resumes from the last "
+              "checkpoint", file=sys.stderr, flush=True)
+        code = STOPPED_EXIT_CODE
     if strategy.ends_without_shutdown:
         end_now(code)
     return code

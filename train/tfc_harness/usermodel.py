@@ -338,7 +338,10 @@ def metric_objects(module: ModuleType, loss=None) -> list:
             except (ValueError, TypeError):
                 raise fail(module, "metrics", f"returned {item!r}, which is not a Keras metric name") from None
         if not isinstance(item, keras.metrics.Metric):
-            raise fail(module, "metrics", f"returned {type(item).__name__}, not a keras.metrics.Metric (or name)")
+            hint = (f"; wrap a function of (y_true, y_pred) as keras.metrics.MeanMetricWrapper("
+                    f"{getattr(item, '__name__', 'fn')}, name=...)") if callable(item) else ""
+            raise fail(module, "metrics", f"returned {type(item).__name__}, not a keras.metrics.Metric (or name)"
+                       f"{hint}")
         out.append(item)
     names = [m.name for m in out]
     twice = sorted({n for n in names if names.count(n) > 1})
