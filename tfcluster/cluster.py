@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from . import ansible_run, inventory, job, poll, remote, runrecord, store
 from .config import ROLES, RunSpec, resolve
 from .errors import ClusterMismatch, ProvisionError, TfclusterError
-from .paths import ClusterState
+from .paths import ClusterState, lock_holder
 from .providers import get_provider
 from .providers.base import Node, Provider, read_nodes, write_nodes
 
@@ -190,6 +190,8 @@ def status(cluster: str, task_states=None) -> int:
         left = ""
         if rec.get("state") == runrecord.RunState.STARTED and rec.get("deadline"):
             left = f", {max(0, rec['deadline'] - time.time()) / 60:.1f} min left before the nodes stop it"
+            if lock_holder(state.trainer_lock) is None:
+                left += f"; no train of it is running: 'make train CLUSTER={cluster}' resumes it"
         print(f"run {rec.get('run_id')}: {rec.get('state')}{acc}{left} ({rec.get('s3_prefix', '')})")
     return 0 if all(v == "ssh ok" for v in answers.values()) else 1
 

@@ -163,12 +163,7 @@ def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
 
 
 def _train(spec: RunSpec, state: ClusterState, nodes: list[Node], configure_first: bool, trial: str) -> dict:
-    _check_cluster_fits(spec, state)
-    if store.is_local_store(spec) and not store.is_running():
-        raise TfclusterError(f"the local S3 store at {store.local_endpoint()} is not running ('make clean' stops it, "
-                             f"and its objects go with it: data uploaded to it, checkpoints); 'make up "
-                             f"CLUSTER={spec.cluster}' starts it again (the cluster stays as it is), then upload "
-                             "your data again if it was there, and 'make train'")
+    _check_can_train(spec, state)
     run = runrecord.read(state)
     if run.get("state") == RunState.UNVERIFIED:
         say(f"run {run['run_id']} was published but not verified yet: verifying it")
@@ -246,13 +241,18 @@ def _published(spec: RunSpec, settings: dict) -> bool:
         return False
 
 
-def _check_cluster_fits(spec: RunSpec, state: ClusterState) -> None:
+def _check_can_train(spec: RunSpec, state: ClusterState) -> None:
     """The nodes that are up were made for this provider, strategy and shape, and (where a cloud identity
-    limits them) were granted the storage this run uses."""
+    limits them) were granted the storage this run uses; the local store, where the run uses it, is running."""
     check_fits_the_cluster_up(spec, state)
     up_spec = load_spec(state)
     if up_spec and get_provider(spec.provider, state).limits_storage_access:
         access.check_granted(access.storage_access(up_spec), access.storage_access(spec), spec.cluster)
+    if store.is_local_store(spec) and not store.is_running():
+        raise TfclusterError(f"the local S3 store at {store.local_endpoint()} is not running ('make clean' stops it, "
+                             f"and its objects go with it: data uploaded to it, checkpoints); 'make up "
+                             f"CLUSTER={spec.cluster}' starts it again (the cluster stays as it is), then upload "
+                             "your data again if it was there, and 'make train'")
 
 
 def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict,

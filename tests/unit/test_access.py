@@ -90,12 +90,12 @@ def test_train_checks_the_grant_on_clouds_only(tmp_path, monkeypatch):
         save_spec(state, up)
         other = spec(**{**cloud, "provider": provider, "cluster": up.cluster, "data.train": "s3://tfct-data/x/",
                         "data.test": "s3://tfct-data/y/"})
-        training._check_cluster_fits(up, state)
+        training._check_can_train(up, state)
         if limited:
             with pytest.raises(TfclusterError, match="s3://tfct-data/x/\\*, s3://tfct-data/y/\\*"):
-                training._check_cluster_fits(other, state)
+                training._check_can_train(other, state)
         else:
-            training._check_cluster_fits(other, state)
+            training._check_can_train(other, state)
 
 
 @pytest.mark.skipif(not Path(TERRAFORM_BIN).exists() and not shutil.which(TERRAFORM_BIN), reason="no terraform")

@@ -140,7 +140,7 @@ def test_an_unverified_run_is_finished_first_only_when_its_finish_was_cut_short(
         record["logs_fetched"] = fetched
     runrecord.write(state, record)
     calls = []
-    monkeypatch.setattr(training, "_check_cluster_fits", lambda *a: None)
+    monkeypatch.setattr(training, "_check_can_train", lambda *a: None)
     monkeypatch.setattr(training, "_finish", lambda *a, **kw: calls.append("finish"))
     monkeypatch.setattr(training, "verify", lambda _spec, run: calls.append("verify") or run)
     spec = type("Spec", (), {"cluster": "c"})()
@@ -229,7 +229,7 @@ def test_train_starts_the_evaluator_ahead_at_the_loops_end_where_nodes_share_the
         seen.update(on_training=on_training, on_loop_end=on_loop_end)
         return SUCCEEDED
 
-    monkeypatch.setattr(training, "_check_cluster_fits", lambda *a: None)
+    monkeypatch.setattr(training, "_check_can_train", lambda *a: None)
     monkeypatch.setattr(training.job, "prepare", lambda spec, every_hparam_read: seen.update(
         every_hparam_read=every_hparam_read) or {})
     monkeypatch.setattr(training, "_data_line", lambda *a: "data")
@@ -322,7 +322,7 @@ def test_make_status_says_a_worker_reads_its_kept_files_without_an_old_s3_rate()
     assert streaming == ", data from S3 41.5 MB/s (epoch 1, 2000 MB read)"
 
 
-def test_make_status_shows_the_chiefs_notes_below_its_row(monkeypatch):
+def test_make_status_shows_the_chiefs_notes_below_its_row(monkeypatch, state):
     notes = ["warning: make_optimizer returns keras.optimizers.RMSprop: under parameter_server ...",
              "warning: 1 variable(s) (emb:0) are updated by Keras's own Adam update"]
 
@@ -331,10 +331,26 @@ def test_make_status_shows_the_chiefs_notes_below_its_row(monkeypatch):
         return {"supervisor": {"state": "running"}, "task": task | ({"notes": notes} if node.role == "chief" else {})}
 
     monkeypatch.setattr(status.remote, "task_status", report)
-    states = status.task_states(None, NODES)
+    states = status.task_states(state, NODES)
     chief = next(n.name for n in NODES if n.role == "chief")
     assert states[chief].splitlines()[1:] == [f"    {note}" for note in notes], states[chief]
     assert all("\n" not in text for name, text in states.items() if name != chief), states
+
+
+def test_make_status_marks_the_tasks_of_an_earlier_run(monkeypatch, state):
+    """A run whose start was cut short (Ctrl-C during the start play): the chief still reports the earlier run's
+    end, which make status must not show as the new run's."""
+    runrecord.write(state, {"run_id": "r2", "state": "started", "started": 2000.0})
+
+    def report(state, node, timeout):
+        started = 1000.0 if node.role == "chief" else 2500.0
+        return {"supervisor": {"state": "succeeded", "started": started}, "task": {"phase": "done", "step": 300,
+                                                                                   "total": 300}}
+
+    monkeypatch.setattr(status.remote, "task_status", report)
+    states = status.task_states(state, NODES)
+    assert all(text.endswith(" (an earlier run's task)") == (name.endswith("chief-0")) for name, text in
+               states.items()), states
 
 
 def test_a_resumed_run_keeps_the_logs_its_earlier_attempts_fetched(state):
@@ -379,7 +395,7 @@ def test_a_run_left_without_its_logs_has_them_fetched_before_new_tasks_start(sta
     write_nodes(state.nodes, NODES)
     runrecord.write(state, record)
     calls = []
-    monkeypatch.setattr(training, "_check_cluster_fits", lambda *a: None)
+    monkeypatch.setattr(training, "_check_can_train", lambda *a: None)
     monkeypatch.setattr(training.job, "prepare", lambda spec, every_hparam_read: {})
     monkeypatch.setattr(training, "_data_line", lambda *a: "data")
     monkeypatch.setattr(training, "_finish", lambda _s, _st, _n, run, stop_chief: calls.append(
@@ -400,7 +416,7 @@ def test_a_resumed_run_published_before_it_stopped_is_verified_and_its_logs_stay
     write_nodes(state.nodes, NODES)
     runrecord.write(state, {"run_id": "r1", "state": "interrupted", "logs_fetched": True})
     calls = []
-    monkeypatch.setattr(training, "_check_cluster_fits", lambda *a: None)
+    monkeypatch.setattr(training, "_check_can_train", lambda *a: None)
     monkeypatch.setattr(training.job, "prepare", lambda spec, every_hparam_read: {})
     monkeypatch.setattr(training, "_data_line", lambda *a: "data")
     monkeypatch.setattr(training, "_open_run", lambda *a: ({"run_id": "r1", "resumed": True}, {}))

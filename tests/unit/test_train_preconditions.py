@@ -14,9 +14,7 @@ from tfcluster.paths import ClusterState
 def test_train_without_the_local_store_says_how_to_start_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
     spec = config.resolve({"cluster": "tfct-pre"})
-    monkeypatch.setattr(training, "_check_cluster_fits", lambda spec, state: None)
     monkeypatch.setattr(store, "is_running", lambda: False)
-    monkeypatch.setattr(training.job, "prepare", lambda *a, **k: pytest.fail("went on to the job check"))
     with pytest.raises(TfclusterError, match=r"the local S3 store at http://\S+ is not running \('make clean' stops "
                                              r"it.*'make up CLUSTER=tfct-pre' starts it again"):
-        training._train(spec, ClusterState("tfct-pre"), [], True, "")
+        training._check_can_train(spec, ClusterState("tfct-pre"))
