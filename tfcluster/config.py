@@ -613,6 +613,18 @@ def _one_hparam(key: str) -> bool:
         len(key) > len("training.hparams.")
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """``line 4, column 9: expected ',' or '}', but got ':' (in a flow mapping from line 3, column 11)``."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(exc).split())
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, where = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and where is not None:
+        text += f" ({context.removeprefix('while parsing ')} from line {where.line + 1}, column {where.column + 1})"
+    return text
+
+
 def load_file(path: str | Path | None) -> dict:
     """Read a cluster file (a nested mapping; empty when path is None or empty)."""
     if not path:
@@ -625,7 +637,7 @@ def load_file(path: str | Path | None) -> dict:
     except UnicodeDecodeError:
         raise ConfigError("config file", str(path), "a UTF-8 text file") from None
     except yaml.YAMLError as exc:
-        raise ConfigError("config file", str(path), f"valid YAML ({exc})".replace("\n", " ")) from None
+        raise ConfigError("config file", str(path), f"valid YAML ({_yaml_problem(exc)})") from None
     if not isinstance(data, Mapping):
         raise ConfigError("config file", str(path), "a YAML mapping at the top level")
     return _model_beside_file(dict(data), p)

@@ -44,7 +44,9 @@ class ChiefWatch:
                  on_training: Callable[[], None] | None = None, on_loop_end: Callable[[], None] | None = None):
         self.state, self.chief, self.poll_s = state, chief, poll_s
         self.on_training, self.on_loop_end = on_training, on_loop_end
-        self.last_line, self.misses, self.errors, self.first = "", 0, 0, None
+        self.last_line, self.misses, self.errors = "", 0, 0
+        self.first_step: int | None = None         # the step the first training report gave
+        self.since: tuple[float, int] | None = None   # (when, step) of the first report past it: the ETA's base
         self.streamers, self.data_mb_s, self.data_due, self.data_since = list(streamers), None, 0.0, None
         self.data_kept = False
         self.notes_shown = 0
@@ -109,11 +111,19 @@ class ChiefWatch:
         return self.data_mb_s
 
     def _eta(self, task: dict) -> float | None:
+        """Seconds left at the steps' rate since the step seen first moved on: that first step (0, or where a
+        resumed run starts) waits for the loop's first call, which traces the step function and is slow."""
         step, total = task.get("step", 0), task.get("total", 0)
-        if task.get("phase") != "training" or not step:
+        if task.get("phase") != "training":
             return None
-        self.first = self.first or (time.monotonic(), step)
-        rate = (step - self.first[1]) / max(time.monotonic() - self.first[0], 1e-6)
+        now = time.monotonic()
+        if self.first_step is None:
+            self.first_step = step
+        if self.since is None:
+            if step > self.first_step:
+                self.since = (now, step)
+            return None
+        rate = (step - self.since[1]) / max(now - self.since[0], 1e-6)
         return (total - step) / rate if rate > 0 else None
 
     def _show_notes(self, notes: list[str]) -> None:

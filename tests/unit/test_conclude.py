@@ -425,3 +425,16 @@ def test_a_resumed_run_published_before_it_stopped_is_verified_and_its_logs_stay
     monkeypatch.setattr(training, "verify", lambda _spec, run: calls.append("verify") or run)
     training.train(type("Spec", (), {"cluster": "c", "provider": "aws"})(), configure_first=False)
     assert calls == ["verify"]
+
+
+def test_the_eta_waits_for_the_steps_after_the_first_call(monkeypatch):
+    """A resumed run's first report is its resume step; the loop's first call (tracing) is slow, so the rate is
+    taken from the first report past that step on: no ETA from the tracing's pace."""
+    watch = progress.ChiefWatch(None, NODES[0], 1.0)
+    clock = iter([0.0, 5.0, 6.0, 8.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    training_at = {"phase": "training", "total": 30000}
+    assert watch._eta(training_at | {"step": 6700}) is None      # resumed here; the first call traces
+    assert watch._eta(training_at | {"step": 6800}) is None      # the first call's end: the base
+    assert watch._eta(training_at | {"step": 6900}) == pytest.approx((30000 - 6900) / 100)
+    assert watch._eta(training_at | {"step": 7100}) == pytest.approx((30000 - 7100) / 100)

@@ -105,6 +105,9 @@ BAD = [
     ("unknown bundled model", None, {"training.model": "resnet"}, "training.model", "digits"),
     ("boolean steps", "training:\n  steps: true\n", {}, "training.steps", "integer"),
     ("top level not a mapping", "- a\n- b\n", {}, "config file", "mapping"),
+    ("YAML that does not parse", "cluster: x\nnodes:\n  worker: {count: 2\ntraining:\n  steps: 5\n", {},
+     "config file", "valid YAML (line 4, column 9: expected ',' or '}', but got ':' (a flow mapping from line 3, "
+     "column 11))"),
     ("section not a mapping", "nodes: 3\n", {}, "nodes", "mapping"),
     ("max runtime zero", None, {"max_runtime_minutes": "0"}, "max_runtime_minutes", "integer"),
 ]
