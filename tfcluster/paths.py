@@ -73,7 +73,7 @@ def held_alone(lock: Path, busy: Callable[[str], Exception]) -> Iterator[None]:
         except BlockingIOError:
             raise busy(held.read().strip() or "a process that did not say which") from None
         held.truncate()
-        held.write(f"pid {os.getpid()}: {' '.join(sys.argv)}\n")
+        held.write(f"pid {os.getpid()}: tfcluster {' '.join(sys.argv[1:])}\n")     # only tfcluster takes them
         held.flush()
         yield
 

@@ -47,6 +47,7 @@ class ChiefWatch:
         self.last_line, self.misses, self.errors = "", 0, 0
         self.first_step: int | None = None         # the step the first training report gave
         self.since: tuple[float, int] | None = None   # (when, step) of the first report past it: the ETA's base
+        self.last_eta: tuple[float, int, float] | None = None     # (when, step, seconds left) last computed
         self.streamers, self.data_mb_s, self.data_due, self.data_since = list(streamers), None, 0.0, None
         self.data_kept = False
         self.notes_shown = 0
@@ -123,8 +124,13 @@ class ChiefWatch:
             if step > self.first_step:
                 self.since = (now, step)
             return None
+        if self.last_eta and self.last_eta[1] == step:     # no new step reported yet: count down, not slow down
+            return max(0.0, self.last_eta[2] - (now - self.last_eta[0]))
         rate = (step - self.since[1]) / max(now - self.since[0], 1e-6)
-        return (total - step) / rate if rate > 0 else None
+        if rate <= 0:
+            return None
+        self.last_eta = (now, step, (total - step) / rate)
+        return self.last_eta[2]
 
     def _show_notes(self, notes: list[str]) -> None:
         """The chief's lines for the user (its ``notes``, which only grow during a run), each printed once."""
