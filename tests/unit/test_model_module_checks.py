@@ -273,10 +273,15 @@ def test_only_the_imports_that_run_when_the_module_loads_must_be_on_the_nodes(tm
     path.write_text("from __future__ import annotations\nimport os, json\nimport numpy as np\nimport keras\n"
                     "from tensorflow import keras as k\nimport tfc_harness.usermodel\nfrom . import sibling\n"
                     "try:\n    import not_a_distribution_anywhere\nexcept ImportError:\n    pass\n"
+                    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ansible\n"
+                    "try:\n    import sklearn\nexcept (ModuleNotFoundError, OSError):\n    sklearn = None\n"
                     "def make_dataset():\n    from sklearn.datasets import load_iris\n    return load_iris()\n"
                     "build = lambda: __import__('sklearn')\n")
     module = types.SimpleNamespace(__file__=str(path), __name__="m")
     prepare.check_imports(module, nodes)
-    path.write_text(path.read_text() + "import sklearn.datasets as d\n")
-    with pytest.raises(ModelModuleError, match=r"imports sklearn \(scikit-learn\) when it loads \(line 16\)"):
-        prepare.check_imports(module, nodes)
+    guarded = path.read_text()
+    for tail, line in (("import sklearn.datasets as d\n", 23),
+                       ("try:\n    import ansible\nexcept ValueError:\n    pass\n", 24)):   # not an import's guard
+        path.write_text(guarded + tail)
+        with pytest.raises(ModelModuleError, match=rf"imports (sklearn|ansible) \(.*\) when it loads \(line {line}\)"):
+            prepare.check_imports(module, nodes)

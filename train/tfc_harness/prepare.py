@@ -102,15 +102,35 @@ def check_imports(module: ModuleType, nodes: dict | None) -> None:
                 "which runs on the controller only")
 
 
+#: what an ``except`` that guards an import catches (the import may fail: the module has a way without it)
+_IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
 def _load_time_imports(tree) -> list[tuple[str, int]]:
-    """``(top-level package, line)`` of each absolute import that runs when the module loads: not inside a
-    function (a class body runs)."""
+    """``(top-level package, line)`` of each absolute import that runs when the module loads and must succeed:
+    not inside a function (a class body runs), nor under ``if TYPE_CHECKING:``, nor in a ``try`` whose
+    ``except`` catches ImportError (the module copes without it)."""
     import ast
+
+    def guarded(node) -> bool:
+        if isinstance(node, ast.If):
+            test = node.test
+            return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        if isinstance(node, ast.Try):
+            caught = [h.type for h in node.handlers]
+            names = {n.id if isinstance(n, ast.Name) else getattr(n, "attr", "") for t in caught if t is not None
+                     for n in (t.elts if isinstance(t, ast.Tuple) else [t])}
+            return None in caught or bool(names & _IMPORT_ERRORS)
+        return False
 
     found, todo = [], list(tree.body)
     while todo:
         node = todo.pop(0)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if guarded(node):
+            todo += list(node.orelse) + (list(node.finalbody) if isinstance(node, ast.Try) else [])
             continue
         if isinstance(node, ast.Import):
             found += [(alias.name.partition(".")[0], node.lineno) for alias in node.names]
