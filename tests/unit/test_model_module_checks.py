@@ -279,6 +279,9 @@ def test_only_the_imports_that_run_when_the_module_loads_must_be_on_the_nodes(tm
                     "build = lambda: __import__('sklearn')\n")
     module = types.SimpleNamespace(__file__=str(path), __name__="m")
     prepare.check_imports(module, nodes)
+    gpu_nodes = wheelhouse.node_packages("2.21.0", [1, 1, 1])     # tensorflow[and-cuda]: TensorFlow all the same
+    assert "tensorflow-cpu" not in gpu_nodes["packages"] and "tensorflow" in gpu_nodes["packages"]
+    prepare.check_imports(module, gpu_nodes)
     guarded = path.read_text()
     for tail, line in (("import sklearn.datasets as d\n", 23),
                        ("try:\n    import ansible\nexcept ValueError:\n    pass\n", 24)):   # not an import's guard

@@ -94,7 +94,8 @@ def check_imports(module: ModuleType, nodes: dict | None) -> None:
         if name in sys.stdlib_module_names or name in SHIPPED or name not in provided:
             continue
         dists = sorted({_canonical(d) for d in provided[name]})
-        if not installed & set(dists):
+        tensorflow = set(TENSORFLOW_DISTRIBUTIONS)     # one TensorFlow as another (cpu here, and-cuda on GPU nodes)
+        if not installed & set(dists) and not (tensorflow & set(dists) and tensorflow & installed):
             raise ModelModuleError(
                 f"model module {usermodel.label(module)} imports {name} ({', '.join(dists)}) when it loads (line "
                 f"{line}), which the nodes do not install (they have TensorFlow's packages, "
