@@ -1,7 +1,8 @@
 """The ``tfcluster`` command.
 
 Exit codes: 0 ok, 1 failure, 2 bad configuration or arguments (nothing created), 3 refused to destroy
-something worth keeping, 130 interrupted (Ctrl-C).
+something worth keeping, or to stop another tfcluster process's train or sweep of the cluster, 130 interrupted
+(Ctrl-C).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import signal
 import sys
 
 from . import cluster, config, store
-from .errors import EXIT_USAGE, ConfigError, GuardError, TfclusterError
+from .errors import EXIT_USAGE, Busy, ConfigError, GuardError, TfclusterError
 from .paths import ClusterState
 
 
@@ -148,6 +149,9 @@ def run_then_teardown(spec: config.RunSpec, force: bool, steps, always: bool) ->
     try:
         for step in steps:
             step(spec)
+    except Busy as exc:     # the cluster is another process's now: tearing it down would stop its work
+        print(f"tfcluster: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("tfcluster: interrupted; tearing the cluster down", file=sys.stderr)
         status = 130

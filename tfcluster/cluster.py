@@ -95,6 +95,7 @@ def preflight(spec: RunSpec) -> tuple[Provider, dict]:
     listing on the local store (:func:`tfcluster.job.check_files`, returned as the interface's ``files``) and
     that the cluster is not up on another provider. Bad input raises ConfigError or JobError (exit status 2)."""
     state = ClusterState(spec.cluster)
+    check_fits_the_cluster_up(spec, state)      # first: the slower checks below would not change this answer
     provider = get_provider(spec.provider, state)
     provider.check(spec)
     with phase("check the model module"):
@@ -104,7 +105,6 @@ def preflight(spec: RunSpec) -> tuple[Provider, dict]:
         say(f"data: {checked['files']}")
         with phase("check the data with the model"):
             job.check_data(spec)
-    check_fits_the_cluster_up(spec, state)
     return provider, checked
 
 

@@ -30,9 +30,15 @@ class ProvisionError(TfclusterError):
 
 
 class GuardError(TfclusterError):
-    """A destructive step was refused to keep something the user cares about."""
+    """A step was refused to keep something the user cares about: a destructive one (a model not yet safe), or
+    one that would stop another controller's work (:class:`Busy`)."""
 
     exit_code = 3
+
+
+class Busy(GuardError):
+    """Another tfcluster process holds the cluster (a train, a sweep): refused at once, naming it. Nothing of
+    that cluster is torn down after it, whatever FORCE says: it is another process's."""
 
 
 class JobError(TfclusterError):

@@ -9,6 +9,7 @@ import os
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -68,14 +69,22 @@ def held_alone(lock: Path, busy: Callable[[str], Exception]) -> Iterator[None]:
     however it ends."""
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(os.open(lock, os.O_RDWR | os.O_CREAT, 0o644), "r+") as held:
-        try:
-            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise busy(held.read().strip() or "a process that did not say which") from None
-        held.truncate()
+        for attempt in range(LOCK_TRIES):    # a few tries: lock_holder's look holds it for a moment
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == LOCK_TRIES - 1:
+                    raise busy(held.read().strip() or "a process that did not say which") from None
+                time.sleep(0.05)
         held.write(f"pid {os.getpid()}: tfcluster {' '.join(sys.argv[1:])}\n")     # only tfcluster takes them
+        held.truncate()         # after the write: a reader sees the old holder or this one, never nothing
         held.flush()
         yield
+
+
+#: tries (50 ms apart) to take a lock that another process may only be looking at
+LOCK_TRIES = 5
 
 
 def lock_holder(lock: Path) -> str | None:

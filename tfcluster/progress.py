@@ -125,7 +125,8 @@ class ChiefWatch:
                 self.since = (now, step)
             return None
         if self.last_eta and self.last_eta[1] == step:     # no new step reported yet: count down, not slow down
-            return max(0.0, self.last_eta[2] - (now - self.last_eta[0]))
+            left = self.last_eta[2] - (now - self.last_eta[0])
+            return left if left > 0 else None       # overdue (a slow spell, a stall): no ETA rather than 0 s
         rate = (step - self.since[1]) / max(now - self.since[0], 1e-6)
         if rate <= 0:
             return None

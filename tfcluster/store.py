@@ -58,10 +58,19 @@ def credentials() -> dict[str, str]:
     path = credentials_path()
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # written whole under a name of its own, then linked into place: a process making them at the same
+        # moment (validate, plan, up and `store start` may) finds either no file or the complete one
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(f"AWS_ACCESS_KEY_ID=tfc{secrets.token_hex(8)}\n"
                     f"AWS_SECRET_ACCESS_KEY={secrets.token_urlsafe(30)}\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass            # the other process's keys: those
+        finally:
+            tmp.unlink()
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:   # someone widened it: the keys may have been read; refuse rather than go on using them
         raise TfclusterError(f"{path} holds the local store's keys but other users may read it (mode {oct(mode)}): "

@@ -32,7 +32,7 @@ from . import cluster as lifecycle
 from . import groups, runrecord, store
 from .cluster import say
 from .config import RunSpec
-from .errors import GuardError, TfclusterError
+from .errors import Busy, TfclusterError
 from .paths import ClusterState, artifacts_root, held_alone
 from .runrecord import RunState
 from .sweepfile import Sweep, load, params_text, sweep_name, trial_spec
@@ -89,6 +89,8 @@ def ensure_groups(spec: RunSpec, parallel: int) -> list[RunSpec]:
     """Bring up every group the sweep needs that is not up yet (all are checked before any is created)."""
     specs = [groups.spec_for(spec, k) for k in range(parallel)]
     missing = [s for s in specs if not ClusterState(s.cluster).nodes.exists()]
+    for s in specs:     # the groups that are up: the same shape as the new ones (a trial runs on any of them)
+        lifecycle.check_fits_the_cluster_up(s, ClusterState(s.cluster))
     checked = {s.cluster: lifecycle.preflight(s)[0] for s in missing}
     for s in missing:
         if s.cluster != spec.cluster:
@@ -322,10 +324,10 @@ def publish(spec: RunSpec, sweep: Sweep, record: Record) -> str:
 
 def run(spec: RunSpec, sweep: Sweep) -> int:
     """Run (or resume) the sweep (as :func:`load` read it) on the cluster's groups, bringing up those not up;
-    print the table. One sweep of a cluster at a time: a second is refused (GuardError)."""
-    def busy(holder: str) -> GuardError:
-        return GuardError(f"cluster {spec.cluster} runs a sweep already ({holder}); wait for it, or stop it "
-                          f"(Ctrl-C in its terminal: its trials stay resumable) first")
+    print the table. One sweep of a cluster at a time: a second is refused (Busy)."""
+    def busy(holder: str) -> Busy:
+        return Busy(f"cluster {spec.cluster} runs a sweep already ({holder}); wait for it, or stop it "
+                    f"(Ctrl-C in its terminal: its trials stay resumable) first")
 
     with held_alone(ClusterState(spec.cluster).sweep_lock, busy):
         return _run(spec, sweep)

@@ -3,12 +3,14 @@ fetched before the nodes go, the destroy, and the run closed after it; for a clu
 
 from __future__ import annotations
 
+import contextlib
+
 from . import groups, runrecord, training
 from .cluster import down as destroy_cluster
 from .cluster import load_spec, phase, say
 from .config import RunSpec
-from .errors import GuardError
-from .paths import ClusterState, lock_holder
+from .errors import Busy, GuardError
+from .paths import ClusterState, held_alone, lock_holder
 from .providers.base import read_nodes
 from .runrecord import RunState
 
@@ -17,13 +19,9 @@ def down_guard(cluster: str, force: bool) -> None:
     """Refuse to destroy a cluster whose run may hold the only copy of a model."""
     state = ClusterState(cluster)
     run = runrecord.read(state)
-    trainer = lock_holder(state.trainer_lock)
-    if force or (run.get("state") not in runrecord.OPEN and not trainer):
+    if force or run.get("state") not in runrecord.OPEN:
         return
-    if trainer:
-        why = (f"a train of it is running ({trainer}); 'make status CLUSTER={cluster}' shows its progress, and "
-               f"Ctrl-C in its terminal stops it")
-    elif run["state"] == RunState.UNVERIFIED:
+    if run["state"] == RunState.UNVERIFIED:
         why = (f"run {run['run_id']} published a model to {run['s3_prefix']} that has not been verified; "
                f"run 'make train CLUSTER={cluster}' to verify it")
     elif run["state"] == RunState.UNPUBLISHED:
@@ -39,16 +37,36 @@ def down_guard(cluster: str, force: bool) -> None:
 
 def teardown(spec: RunSpec, force: bool) -> None:
     """`down` as every caller needs it: the guard, node logs off the nodes, destroy and prove, close the run;
-    for the cluster and each of its sweep groups (every group's guard is checked before any is destroyed)."""
+    for the cluster and each of its sweep groups (every group's guard is checked before any is destroyed).
+    Unless ``force``, it holds each cluster's train lock throughout (a train of one of them running, or the
+    cluster's sweep: refused, :class:`Busy`), so no train starts on nodes going away."""
     extra = groups.extra(spec.cluster)
-    for cluster in (spec.cluster, *extra):
-        down_guard(cluster, force)
-    for cluster in (*extra, spec.cluster):
-        fetch_logs_before_down(cluster)
-        destroy_cluster(cluster, provider_name=spec.provider)
-        close_run_after_down(cluster)
-        if cluster != spec.cluster:
-            groups.forget(spec.cluster, cluster)
+    with contextlib.ExitStack() as held:
+        if not force:
+            sweeping = lock_holder(ClusterState(spec.cluster).sweep_lock)
+            if sweeping:
+                raise Busy(f"refusing to destroy cluster {spec.cluster}: it runs a sweep ({sweeping}); Ctrl-C in "
+                           f"its terminal stops it (its trials stay resumable), or 'make down FORCE=1' to destroy "
+                           f"anyway")
+            for cluster in (spec.cluster, *extra):
+                held.enter_context(held_alone(ClusterState(cluster).trainer_lock, _training(cluster)))
+        for cluster in (spec.cluster, *extra):
+            down_guard(cluster, force)
+        for cluster in (*extra, spec.cluster):
+            fetch_logs_before_down(cluster)
+            destroy_cluster(cluster, provider_name=spec.provider)
+            close_run_after_down(cluster)
+            if cluster != spec.cluster:
+                groups.forget(spec.cluster, cluster)
+
+
+def _training(cluster: str):
+    def busy(holder: str) -> Busy:
+        return Busy(f"refusing to destroy cluster {cluster}: a train of it is running ({holder}); 'make status "
+                    f"CLUSTER={cluster}' shows its progress, and Ctrl-C in its terminal stops it, or 'make down "
+                    f"FORCE=1' to destroy anyway")
+
+    return busy
 
 
 def close_run_after_down(cluster: str) -> None:

@@ -21,8 +21,8 @@ from tfc_harness import strategies
 from . import access, ansible_run, collected, configured, job, progress, runrecord, store, wheelhouse
 from .cluster import check_fits_the_cluster_up, load_spec, phase, say
 from .config import ROLES, RunSpec
-from .errors import GuardError, TfclusterError
-from .paths import TRAIN_DIR, ClusterState, artifacts_root, held_alone
+from .errors import Busy, TfclusterError
+from .paths import TRAIN_DIR, ClusterState, artifacts_root, held_alone, lock_holder
 from .providers import get_provider
 from .providers.base import Node, read_nodes
 from .runrecord import RunState
@@ -149,15 +149,20 @@ def stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, co
 def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
     """Check the job and its data, configure, start the tasks, wait with progress, stop ps/workers, fetch
     logs, verify. ``trial`` (``<sweep>/<trial id>``) names a sweep's trial: the run carries it, and resumes
-    only a run of the same trial. One ``train`` of a cluster at a time: a second is refused (GuardError)."""
+    only a run of the same trial. One ``train`` of a cluster at a time: a second is refused (Busy), and so is
+    one of a cluster a sweep runs on, but the sweep's own trials."""
     state = ClusterState(spec.cluster)
     nodes = _nodes_or_fail(state)
 
-    def busy(holder: str) -> GuardError:
-        return GuardError(f"cluster {spec.cluster} is being trained by another tfcluster process ({holder}): a "
-                          f"second train would stop its tasks; wait for it ('make status CLUSTER={spec.cluster}' "
-                          f"shows its progress), or stop it (Ctrl-C in its terminal) first")
+    def busy(holder: str) -> Busy:
+        return Busy(f"cluster {spec.cluster} is being trained by another tfcluster process ({holder}): a "
+                    f"second train would stop its tasks; wait for it ('make status CLUSTER={spec.cluster}' "
+                    f"shows its progress), or stop it (Ctrl-C in its terminal) first")
 
+    sweeping = None if trial else lock_holder(state.sweep_lock)
+    if sweeping:    # its trials take this cluster between them: a train of its own would take a trial's place
+        raise Busy(f"cluster {spec.cluster} runs a sweep ({sweeping}): its trials train on it; wait for the sweep, "
+                   f"or stop it (Ctrl-C in its terminal) first")
     with held_alone(state.trainer_lock, busy):
         return _train(spec, state, nodes, configure_first, trial)
 
@@ -250,9 +255,9 @@ def _check_can_train(spec: RunSpec, state: ClusterState) -> None:
         access.check_granted(access.storage_access(up_spec), access.storage_access(spec), spec.cluster)
     if store.is_local_store(spec) and not store.is_running():
         raise TfclusterError(f"the local S3 store at {store.local_endpoint()} is not running ('make clean' stops it, "
-                             f"and its objects go with it: data uploaded to it, checkpoints); 'make up "
-                             f"CLUSTER={spec.cluster}' starts it again (the cluster stays as it is), then upload "
-                             "your data again if it was there, and 'make train'")
+                             "and its objects go with it: data uploaded to it, checkpoints); '.venv/bin/python -m "
+                             "tfcluster store start' starts it again (empty), then upload your data again if it "
+                             "was there, and 'make train'")
 
 
 def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict,

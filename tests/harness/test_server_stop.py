@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from tfc_harness import server
 
 TRAIN = Path(__file__).resolve().parents[2] / "train"
@@ -45,7 +46,9 @@ def test_a_stopped_serving_task_leaves_at_once_with_130(tmp_path):
     assert not kept.exists()      # what it had to remove first is gone
 
 
-def test_a_stopped_loop_running_task_says_so_and_exits_130_without_a_traceback(monkeypatch, capsys):
+@pytest.mark.parametrize("ends_without_shutdown", [False, True])     # parameter_server's chief; all-reduce tasks
+def test_a_stopped_loop_running_task_says_so_and_exits_130_without_a_traceback(monkeypatch, capsys,
+                                                                              ends_without_shutdown):
     """The chief (and, under all-reduce, every task) runs the loop: SIGINT, the supervisor's stop after a Ctrl-C of
     train, reaches it as KeyboardInterrupt, which ends it with one line (its log is what make logs shows)."""
     import types
@@ -60,7 +63,7 @@ def test_a_stopped_loop_running_task_says_so_and_exits_130_without_a_traceback(m
     monkeypatch.setattr(threads, "apply", lambda given: "threads: TensorFlow's defaults")
 
     class Loop:
-        ends_without_shutdown = False
+        pass
 
         def __init__(self, settings):
             pass
@@ -68,7 +71,10 @@ def test_a_stopped_loop_running_task_says_so_and_exits_130_without_a_traceback(m
         def runs_loop(self):
             return True
 
+    Loop.ends_without_shutdown = ends_without_shutdown
     monkeypatch.setattr(strategies, "get", lambda name: Loop)
+    ended = []
+    monkeypatch.setattr(runner, "end_now", ended.append)     # os._exit: recorded here instead
 
     def interrupted(settings, strategy):
         raise KeyboardInterrupt
@@ -76,6 +82,7 @@ def test_a_stopped_loop_running_task_says_so_and_exits_130_without_a_traceback(m
     monkeypatch.setattr(chief, "run", interrupted)
     monkeypatch.setattr(runner.preemption, "listen", lambda: None)
     assert runner.main({}) == server.STOPPED_EXIT_CODE
+    assert ended == ([server.STOPPED_EXIT_CODE] if ends_without_shutdown else [])
     err = capsys.readouterr().err
     assert err.strip().endswith("chief 0: stopped (SIGINT); a next train resumes from the last checkpoint")
     assert "Traceback" not in err

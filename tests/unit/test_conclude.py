@@ -431,7 +431,7 @@ def test_the_eta_waits_for_the_steps_after_the_first_call(monkeypatch):
     """A resumed run's first report is its resume step; the loop's first call (tracing) is slow, so the rate is
     taken from the first report past that step on: no ETA from the tracing's pace."""
     watch = progress.ChiefWatch(None, NODES[0], 1.0)
-    clock = iter([0.0, 5.0, 6.0, 8.0, 9.0])
+    clock = iter([0.0, 5.0, 6.0, 8.0, 9.0, 500.0])
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     training_at = {"phase": "training", "total": 30000}
     assert watch._eta(training_at | {"step": 6700}) is None      # resumed here; the first call traces
@@ -440,3 +440,4 @@ def test_the_eta_waits_for_the_steps_after_the_first_call(monkeypatch):
     assert watch._eta(training_at | {"step": 7100}) == pytest.approx((30000 - 7100) / 100)
     # the same step again (the chief's status not rewritten yet): the ETA counts down instead of growing
     assert watch._eta(training_at | {"step": 7100}) == pytest.approx((30000 - 7100) / 100 - 1)
+    assert watch._eta(training_at | {"step": 7100}) is None      # overdue: no ETA, not "eta 0s"

@@ -275,6 +275,8 @@ def test_only_the_imports_that_run_when_the_module_loads_must_be_on_the_nodes(tm
                     "try:\n    import not_a_distribution_anywhere\nexcept ImportError:\n    pass\n"
                     "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ansible\n"
                     "try:\n    import sklearn\nexcept (ModuleNotFoundError, OSError):\n    sklearn = None\n"
+                    "import contextlib\nwith contextlib.suppress(ImportError):\n    import ansible\n"
+                    "if __name__ == '__main__':\n    import ansible\n"
                     "def make_dataset():\n    from sklearn.datasets import load_iris\n    return load_iris()\n"
                     "build = lambda: __import__('sklearn')\n")
     module = types.SimpleNamespace(__file__=str(path), __name__="m")
@@ -283,8 +285,8 @@ def test_only_the_imports_that_run_when_the_module_loads_must_be_on_the_nodes(tm
     assert "tensorflow-cpu" not in gpu_nodes["packages"] and "tensorflow" in gpu_nodes["packages"]
     prepare.check_imports(module, gpu_nodes)
     guarded = path.read_text()
-    for tail, line in (("import sklearn.datasets as d\n", 23),
-                       ("try:\n    import ansible\nexcept ValueError:\n    pass\n", 24)):   # not an import's guard
+    for tail, line in (("import sklearn.datasets as d\n", 28),
+                       ("try:\n    import ansible\nexcept ValueError:\n    pass\n", 29)):   # not an import's guard
         path.write_text(guarded + tail)
         with pytest.raises(ModelModuleError, match=rf"imports (sklearn|ansible) \(.*\) when it loads \(line {line}\)"):
             prepare.check_imports(module, nodes)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ import time
 import pytest
 
 from tfcluster import config, sweep, teardown, training
-from tfcluster.errors import GuardError
+from tfcluster.errors import Busy, GuardError
 from tfcluster.paths import ClusterState, held_alone, lock_holder
 
 HOLD = ("import sys, time\nfrom pathlib import Path\nfrom tfcluster.paths import held_alone\n"
@@ -49,24 +50,60 @@ def test_a_held_lock_names_its_holder_and_goes_with_its_process(tmp_path, holder
         time.sleep(0.05)
     assert lock_holder(lock) is None
     with held_alone(lock, RuntimeError):       # free again: taken, and named by this process while held
-        assert lock.read_text().startswith("pid ")
+        assert lock.read_text().startswith(f"pid {os.getpid()}: tfcluster ")
 
 
-def test_a_second_train_is_refused_naming_the_first_and_down_waits_for_it(tmp_path, monkeypatch, holder):
+def test_a_second_train_is_refused_naming_the_first_and_down_refuses_while_it_runs(tmp_path, monkeypatch, holder):
     monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path / "home"))
     spec = config.resolve({"cluster": "tfct-one"})
     state = ClusterState("tfct-one")
     monkeypatch.setattr(training, "_nodes_or_fail", lambda state: [])
     monkeypatch.setattr(training, "_train", lambda *a: pytest.fail("a second train went on"))
+    destroyed = []
+    monkeypatch.setattr(teardown, "destroy_cluster", lambda cluster, provider_name: destroyed.append(cluster))
+    monkeypatch.setattr(teardown, "fetch_logs_before_down", lambda cluster: None)
     proc = holder(state.trainer_lock)
-    with pytest.raises(GuardError, match=rf"cluster tfct-one is being trained by another tfcluster process "
-                                         rf"\(pid {proc.pid}: .*\): a second train would stop its tasks"):
+    with pytest.raises(Busy, match=rf"cluster tfct-one is being trained by another tfcluster process "
+                                   rf"\(pid {proc.pid}: tfcluster .*\): a second train would stop its tasks"):
         training.train(spec)
-    with pytest.raises(GuardError, match=rf"refusing to destroy cluster tfct-one: a train of it is running "
-                                         rf"\(pid {proc.pid}: "):
-        teardown.down_guard("tfct-one", force=False)
-    teardown.down_guard("tfct-one", force=True)     # FORCE=1 still destroys
-    assert not state.dir.exists()                   # the locks are not the cluster's state
+    with pytest.raises(Busy, match=rf"refusing to destroy cluster tfct-one: a train of it is running "
+                                   rf"\(pid {proc.pid}: "):
+        teardown.teardown(spec, force=False)
+    assert destroyed == []
+    teardown.teardown(spec, force=True)     # FORCE=1 still destroys
+    assert destroyed == ["tfct-one"]
+    assert not state.dir.exists()           # the locks are not the cluster's state
+
+
+def test_a_train_of_a_cluster_a_sweep_runs_on_is_refused_but_the_sweeps_own(tmp_path, monkeypatch, holder):
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path / "home"))
+    spec = config.resolve({"cluster": "tfct-one"})
+    monkeypatch.setattr(training, "_nodes_or_fail", lambda state: [])
+    trained = []
+    monkeypatch.setattr(training, "_train", lambda spec, state, nodes, configure_first, trial: trained.append(trial))
+    monkeypatch.setattr(teardown, "destroy_cluster", lambda *a, **k: pytest.fail("destroyed under a sweep"))
+    proc = holder(ClusterState("tfct-one").sweep_lock)
+    with pytest.raises(Busy, match=rf"cluster tfct-one runs a sweep \(pid {proc.pid}: "):
+        training.train(spec)
+    training.train(spec, trial="s/t1")      # a trial of that sweep trains on it
+    assert trained == ["s/t1"]
+    with pytest.raises(Busy, match=rf"refusing to destroy cluster tfct-one: it runs a sweep \(pid {proc.pid}: "):
+        teardown.teardown(spec, force=False)
+
+
+def test_make_all_refused_by_another_controller_tears_nothing_down(tmp_path, monkeypatch, holder):
+    """`make up train down` (FORCE=1 too) whose train is refused because another process trains the cluster:
+    the cluster is that process's, so nothing is torn down."""
+    from tfcluster import cli
+
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path / "home"))
+    spec = config.resolve({"cluster": "tfct-one"})
+    monkeypatch.setattr(teardown, "teardown", lambda *a: pytest.fail("torn down"))
+
+    def refused(spec):
+        raise Busy("cluster tfct-one is being trained by another tfcluster process")
+
+    assert cli.run_then_teardown(spec, True, [lambda spec: None, refused], always=True) == 3
 
 
 def test_a_second_sweep_is_refused(tmp_path, monkeypatch, holder):

@@ -15,6 +15,7 @@ def test_train_without_the_local_store_says_how_to_start_it(tmp_path, monkeypatc
     monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
     spec = config.resolve({"cluster": "tfct-pre"})
     monkeypatch.setattr(store, "is_running", lambda: False)
-    with pytest.raises(TfclusterError, match=r"the local S3 store at http://\S+ is not running \('make clean' stops "
-                                             r"it.*'make up CLUSTER=tfct-pre' starts it again"):
+    with pytest.raises(TfclusterError, match=r"the local S3 store at http://\S+ is not running \('make clean' "
+                                             r"stops it.*'.venv/bin/python -m tfcluster store start' starts it "
+                                             r"again \(empty\)"):
         training._check_can_train(spec, ClusterState("tfct-pre"))

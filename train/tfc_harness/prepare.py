@@ -109,19 +109,26 @@ _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseExcept
 
 def _load_time_imports(tree) -> list[tuple[str, int]]:
     """``(top-level package, line)`` of each absolute import that runs when the module loads and must succeed:
-    not inside a function (a class body runs), nor under ``if TYPE_CHECKING:``, nor in a ``try`` whose
-    ``except`` catches ImportError (the module copes without it)."""
+    not inside a function (a class body runs), nor under ``if TYPE_CHECKING:`` or ``if __name__ ==
+    "__main__":``, nor in a ``try`` whose ``except`` catches ImportError or a ``with
+    contextlib.suppress(ImportError)`` (the module copes without it)."""
     import ast
+
+    def name(node) -> str:
+        return node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
 
     def guarded(node) -> bool:
         if isinstance(node, ast.If):
             test = node.test
-            return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+            main = isinstance(test, ast.Compare) and name(test.left) == "__name__" and any(
+                isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
+            return main or name(test) == "TYPE_CHECKING"
+        if isinstance(node, ast.With):      # with contextlib.suppress(ImportError):
+            return any(isinstance(item.context_expr, ast.Call) and name(item.context_expr.func) == "suppress"
+                       and {name(a) for a in item.context_expr.args} & _IMPORT_ERRORS for item in node.items)
         if isinstance(node, ast.Try):
             caught = [h.type for h in node.handlers]
-            names = {n.id if isinstance(n, ast.Name) else getattr(n, "attr", "") for t in caught if t is not None
-                     for n in (t.elts if isinstance(t, ast.Tuple) else [t])}
+            names = {name(n) for t in caught if t is not None for n in (t.elts if isinstance(t, ast.Tuple) else [t])}
             return None in caught or bool(names & _IMPORT_ERRORS)
         return False
 
@@ -131,7 +138,7 @@ def _load_time_imports(tree) -> list[tuple[str, int]]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
         if guarded(node):
-            todo += list(node.orelse) + (list(node.finalbody) if isinstance(node, ast.Try) else [])
+            todo += list(getattr(node, "orelse", [])) + list(getattr(node, "finalbody", []))
             continue
         if isinstance(node, ast.Import):
             found += [(alias.name.partition(".")[0], node.lineno) for alias in node.names]
