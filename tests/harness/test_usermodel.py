@@ -228,10 +228,19 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
     # binary labels for a model with 3 outputs and a binary loss
     ("import keras\nloss = 'binary_crossentropy'\n"
      "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])\n",
-     np.array([0.0, 1.0]), "the loss fails on labels of shape (2,) and model outputs of shape (2, 3)"),
+     np.array([0.0, 1.0]), "labels of shape () per example do not fit the model's outputs of shape (3,) under "
+                           "loss binary_crossentropy: Keras would broadcast them"),
+    # three values per example for one output under mse: Keras broadcasts them without an error
+    ("import keras\nloss = 'mse'\n"
+     "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])\n",
+     np.zeros((2, 3)), "labels of shape (3,) per example do not fit the model's outputs of shape (1,) under loss "
+                       "mean_squared_error: Keras would broadcast them and train on nonsense; have decode() or "
+                       "make_dataset() give labels of shape (1,) or () for a single value, or the model outputs "
+                       "of shape (3,)"),
     # labels decoded as strings
-    (MULTICLASS, np.array([b"0", b"1"]), "the labels are |S1 values, not numbers (the loss and the metrics need "
-                                         "numeric labels"),
+    (MULTICLASS, np.array([b"0", b"1"]), "the labels are text (b'0', ...), not numbers (the loss and the metrics "
+                                         "need numeric labels"),
+    (MULTICLASS, np.array(["cat", "dog"], dtype=object), "the labels are text ('cat', ...), not numbers"),
 ])
 def test_labels_that_do_not_fit_the_loss_are_named(tmp_path, body, y, fragment):
     pytest.importorskip("keras")
@@ -252,8 +261,9 @@ def test_data_of_other_features_than_the_model_takes_gives_keras_cause_on_one_li
     with pytest.raises(usermodel.ModelModuleError) as err:
         usermodel.check_batch(module, model, np.zeros((3, 2), dtype=np.float32), np.zeros(3, dtype=np.float32))
     message = str(err.value)
-    assert message.startswith("model module wide.py: build_model() returned a model that fails on inputs of "
-                              "shape (3, 2): ValueError: Input 0 "), message
+    assert message.startswith("model module wide.py: build_model() returned a model that fails on the data's "
+                              "features, of shape (2,) per example (what decode() or make_dataset() gives, or "
+                              "the CSV's columns but the label; a batch (3, 2)): ValueError: Input 0 "), message
     assert message.endswith("expected axis -1 of input shape to have value 5, but received input with shape "
                             "(3, 2)"), message
     assert "\n" not in message and "\x1b" not in message and "Arguments received" not in message, message

@@ -186,7 +186,8 @@ def test_data_files_the_local_store_lacks_are_refused_before_anything_exists(fil
                             "label column 'y' is not in the header (a, b, c, d, price)"),
         # 3 feature columns for a model of 4 inputs: found by TensorFlow on the first records, before any node
         "a model that does not fit the data": (f"s3://tfct-files/{prefix}/three-*.csv", "model module job.py: "
-                                               "build_model() returned a model that fails on inputs of shape"),
+                                               "build_model() returned a model that fails on the data's "
+                                               "features, of shape (3,) per example"),
     }[case]
     if case == "a model that does not fit the data":     # every file of this test's own prefix: 3 features
         for name in ("three-0.csv", "three-1.csv", "test-0.csv"):

@@ -278,7 +278,28 @@ def _aligned(fn, name: str):
 
     loss = AlignedLoss(name=name)
     loss.fn_name = getattr(fn, "__name__", name)
+    loss.keras_own = getattr(fn, "__module__", "").startswith("keras.")    # a name Keras resolved, or fn
     return loss
+
+
+def _check_label_shape(module: ModuleType, loss, label_shape: tuple, output_shape: tuple) -> None:
+    """Under one of Keras's own losses, an example's label has the shape of the model's output for it (a
+    single value may be a scalar or ``[1]`` on either side; a sparse loss takes a class id against ``[C]``):
+    otherwise the loss broadcasts them, ``[3]`` labels against a ``[1]`` output say, and trains on nonsense
+    without an error. A loss of the module's own (a function, a Loss subclass of its own) may want other
+    shapes: not judged."""
+    if not getattr(loss, "keras_own", type(loss).__module__.startswith("keras.")):
+        return
+    single = {(), (1,)}
+    if label_shape == output_shape or {label_shape, output_shape} <= single:
+        return
+    if "sparse" in loss_name(loss).lower() and label_shape in single:
+        return
+    wanted = f"{output_shape}" + (" or () for a single value" if output_shape == (1,) else "")
+    raise ModelModuleError(f"model module {label(module)}: labels of shape {label_shape} per example do not fit "
+                           f"the model's outputs of shape {output_shape} under loss {loss_name(loss)}: Keras would "
+                           f"broadcast them and train on nonsense; have decode() or make_dataset() give labels "
+                           f"of shape {wanted}, or the model outputs of shape {label_shape}")
 
 
 def loss_name(loss) -> str:
@@ -380,14 +401,20 @@ def check_batch(module: ModuleType, model, x, y, loss=None) -> None:
     try:
         out = model(x, training=False)
     except Exception as exc:
-        raise fail(module, "build_model", f"returned a model that fails on inputs of shape {tuple(x.shape)}: "
+        raise fail(module, "build_model", f"returned a model that fails on the data's features, of shape "
+                   f"{tuple(x.shape)[1:]} per example (what decode() or make_dataset() gives, or the CSV's columns "
+                   f"but the label; a batch {tuple(x.shape)}): "
                    f"{type(exc).__name__}: {reason(exc)}") from exc
     shapes = f"labels of shape {tuple(np.shape(y))} and model outputs of shape {tuple(out.shape)}"
-    kind = np.asarray(y).dtype
-    if kind.kind not in "biuf":      # bool, integers, floats
-        raise ModelModuleError(f"model module {label(module)}: the labels are {kind} values, not numbers (the "
-                               f"loss and the metrics need numeric labels: have decode() or make_dataset() "
-                               f"return them as numbers)")
+    labels = np.asarray(y)
+    if labels.dtype.kind not in "biuf":      # bool, integers, floats
+        first = labels.flat[0] if labels.size else None
+        first = first.item() if hasattr(first, "item") else first      # numpy's bytes_/str_ as Python's
+        what = f"text ({first!r}, ...)" if isinstance(first, (str, bytes)) else f"{labels.dtype} values"
+        raise ModelModuleError(f"model module {label(module)}: the labels are {what}, not numbers (the loss and "
+                               f"the metrics need numeric labels: have decode() or make_dataset() return them as "
+                               f"numbers, e.g. class ids)")
+    _check_label_shape(module, loss, tuple(np.shape(y))[1:], tuple(out.shape)[1:])
     try:
         values = np.asarray(loss(y, out))
     except Exception as exc:
