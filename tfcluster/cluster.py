@@ -191,7 +191,8 @@ def status(cluster: str, task_states=None) -> int:
         if rec.get("state") == runrecord.RunState.STARTED and rec.get("deadline"):
             left = f", {max(0, rec['deadline'] - time.time()) / 60:.1f} min left before the nodes stop it"
             if lock_holder(state.trainer_lock) is None:
-                left += f"; no train of it is running: 'make train CLUSTER={cluster}' resumes it"
+                left += (f"; no train of it is running: 'make train CLUSTER={cluster}' with the settings it "
+                         f"started with (CONFIG=, WORKERS=, SET=...) resumes it")
         print(f"run {rec.get('run_id')}: {rec.get('state')}{acc}{left} ({rec.get('s3_prefix', '')})")
     return 0 if all(v == "ssh ok" for v in answers.values()) else 1
 

@@ -60,9 +60,10 @@ def _megabytes(count: int | None) -> str:
 def _stream_text(d: dict) -> str:
     """A worker's data stream in `make status`: rate, epoch, bytes read, and its error if it stopped."""
     if d.get("all_kept"):
-        text = (f", data from its disk: its {d.get('files', 0)} files were downloaded once "
-                f"({_megabytes(d.get('bytes'))}), {d.get('reused', 0)} reads of them since (epoch "
-                f"{d.get('epoch', 0)})")
+        files = d.get("files", 0)
+        what = "its file was" if files == 1 else f"its {files} files were"
+        text = (f", data from its disk: {what} downloaded once ({_megabytes(d.get('bytes'))}), "
+                f"{d.get('reused', 0)} reads of {'it' if files == 1 else 'them'} since (epoch {d.get('epoch', 0)})")
     else:
         text = (f", data from S3 {d.get('mb_per_s') or 0:.1f} MB/s (epoch {d.get('epoch', 0)}, "
                 f"{_megabytes(d.get('bytes'))} read)")
@@ -76,7 +77,8 @@ def show_log(cluster: str, node_name: str | None, lines: int = 200) -> int:
     found = _holding(places, node_name)
     named = _cluster_of(node_name)
     if found is None and named not in (None, cluster):     # CLUSTER left out (or another): the node's own cluster
-        found = _holding([_node_log(c) for c in _with_groups(named)], node_name)
+        cluster, places = named, [_node_log(c) for c in _with_groups(named)]
+        found = _holding(places, node_name)
         if found is not None:
             print(f"(node {node_name} of cluster {found['cluster']})")
     if node_name is None or found is None:

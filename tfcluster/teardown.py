@@ -94,4 +94,6 @@ def fetch_logs_before_down(cluster: str) -> None:
             f"ended: {state.logs / run['run_id']}")
         return
     with phase("stop ps and workers, fetch node logs and remove the tasks' credentials before teardown"):
-        training.stop_serving_and_fetch_logs(state, run["run_id"], spec.node_total)
+        if training.stop_serving_and_fetch_logs(state, run["run_id"], spec.node_total):
+            run["logs_fetched"] = True      # a later train on new nodes has no tasks of it to stop
+            runrecord.write(state, run)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -178,9 +179,11 @@ def _train(spec: RunSpec, state: ClusterState, nodes: list[Node], configure_firs
     with phase("check the training job and its data"):   # before the slow configure: bad data fails fast
         prepared = job.prepare(spec, every_hparam_read=not trial)   # a sweep's trial: checked over all trials
         say(_data_line(spec, prepared))
-    if run.get("state") in runrecord.RESUMABLE and run.get("logs_fetched") is not True:
+    if run.get("state") in runrecord.RESUMABLE and run.get("logs_fetched") is not True and \
+            state.nodes.stat().st_mtime < run.get("started", 0):
         # its finish never ran (a lost controller) or failed: its tasks may still run, and each node's next
-        # start begins a new log (the old one kept as node.log.1 until the start after): fetch them now
+        # start begins a new log (the old one kept as node.log.1 until the start after): fetch them now. Not
+        # when these nodes came up after the run started: its tasks ran on nodes that are gone
         say(f"run {run['run_id']} is '{run['state']}' without every node's log fetched: stopping its tasks "
             f"and fetching them first")
         _finish(spec, state, nodes, run, stop_chief=True)
@@ -390,11 +393,31 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
         interrupted = isinstance(exc, KeyboardInterrupt)
         run["state"] = RunState.INTERRUPTED if interrupted else RunState.FAILED
         runrecord.write(state, run)
-        if interrupted:
-            say("interrupted: stopping every task and fetching logs (checkpoints are in S3: the next 'make train' "
-                "of this cluster resumes the run, after 'make up' if the cluster is taken down meanwhile)")
-        _finish(spec, state, nodes, run, stop_chief=True)
+        if not interrupted:
+            _finish(spec, state, nodes, run, stop_chief=True)
+            raise
+        say("interrupted: stopping every task and fetching logs, Ctrl-C is ignored until this is done "
+            "(checkpoints are in S3: the next 'make train' of this cluster resumes the run, after 'make up' if "
+            "the cluster is taken down meanwhile)")
+        # a second Ctrl-C (an impatient user, a wrapper passing the signal on) must not cut the stop short:
+        # the chief would train on, unattended, and publish a model no train verifies
+        with _ctrl_c_ignored():
+            _finish(spec, state, nodes, run, stop_chief=True)
         raise
+
+
+@contextmanager
+def _ctrl_c_ignored():
+    """SIGINT ignored for the block, in the main thread (a sweep's trials run in threads of their own: its
+    Ctrl-C is the sweep's to handle)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _conclude(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, final: dict,

@@ -106,6 +106,10 @@ def test_logs_of_an_unknown_node_or_none_name_the_nodes_whose_logs_were_fetched(
     res = run_cli("logs", "tfct-bad-worker-0", home=home, timeout=60)
     assert res.returncode == 0 and "tfct-bad-worker-0 says hello" in res.stdout, res.stdout + res.stderr
     assert res.stdout.startswith("(node tfct-bad-worker-0 of cluster tfct-bad)")
+    res = run_cli("logs", "tfct-bad-worker-9", home=home, timeout=60)      # not one of them: its cluster's named
+    assert res.returncode == 2 and res.stderr.strip().endswith(
+        "allowed: a node of cluster tfct-bad's last run, whose logs were fetched: tfct-bad-chief-0, "
+        "tfct-bad-worker-0"), res.stderr
 
 
 def test_logs_finds_a_node_of_a_sweep_group_from_the_clusters_name(home):

@@ -389,11 +389,13 @@ def test_a_run_of_other_settings_is_not_resumed(state, capsys):
     ({"run_id": "r1", "state": "interrupted", "logs_fetched": False}, True),  # its finish could not fetch
     ({"run_id": "r1", "state": "interrupted", "logs_fetched": True}, False),
     ({"run_id": "r1", "state": "verified", "logs_fetched": True}, False),
+    # down could not fetch them either, and these nodes came up after: none of its tasks is on them
+    ({"run_id": "r1", "state": "interrupted", "logs_fetched": False, "started": 1.0}, False),
 ])
 def test_a_run_left_without_its_logs_has_them_fetched_before_new_tasks_start(state, monkeypatch, record,
                                                                             fetched_first):
     write_nodes(state.nodes, NODES)
-    runrecord.write(state, record)
+    runrecord.write(state, {"started": state.nodes.stat().st_mtime + 1} | record)
     calls = []
     monkeypatch.setattr(training, "_check_can_train", lambda *a: None)
     monkeypatch.setattr(training.job, "prepare", lambda spec, every_hparam_read: {})
@@ -441,3 +443,21 @@ def test_the_eta_waits_for_the_steps_after_the_first_call(monkeypatch):
     # the same step again (the chief's status not rewritten yet): the ETA counts down instead of growing
     assert watch._eta(training_at | {"step": 7100}) == pytest.approx((30000 - 7100) / 100 - 1)
     assert watch._eta(training_at | {"step": 7100}) is None      # overdue: no ETA, not "eta 0s"
+
+
+def test_a_second_ctrl_c_does_not_cut_the_stop_of_the_tasks_short():
+    """After a Ctrl-C the tasks are stopped with SIGINT ignored (in the main thread; a sweep's trial threads
+    leave it to the sweep), then the handler the command had is back."""
+    import os
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    with training._ctrl_c_ignored():
+        os.kill(os.getpid(), signal.SIGINT)      # would raise KeyboardInterrupt here
+        time.sleep(0.05)
+    assert signal.getsignal(signal.SIGINT) is before
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(training._ctrl_c_ignored().__enter__() is None))
+    thread.start()
+    thread.join()
+    assert seen == [True] and signal.getsignal(signal.SIGINT) is before
