@@ -16,6 +16,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from .errors import TfclusterError
@@ -60,7 +61,7 @@ def credentials() -> dict[str, str]:
         path.parent.mkdir(parents=True, exist_ok=True)
         # written whole under a name of its own, then linked into place: a process making them at the same
         # moment (validate, plan, up and `store start` may) finds either no file or the complete one
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(f"AWS_ACCESS_KEY_ID=tfc{secrets.token_hex(8)}\n"

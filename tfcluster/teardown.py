@@ -62,20 +62,24 @@ def teardown(spec: RunSpec, force: bool) -> None:
 
 def _training(cluster: str):
     def busy(holder: str) -> Busy:
-        return Busy(f"refusing to destroy cluster {cluster}: a train of it is running ({holder}); 'make status "
-                    f"CLUSTER={cluster}' shows its progress, and Ctrl-C in its terminal stops it, or 'make down "
-                    f"FORCE=1' to destroy anyway")
+        return Busy(f"refusing to destroy cluster {cluster}: another tfcluster process is using it ({holder}); "
+                    f"'make status CLUSTER={cluster}' shows a train's progress, and Ctrl-C in its terminal stops "
+                    f"it, or 'make down FORCE=1' to destroy anyway")
 
     return busy
 
 
 def close_run_after_down(cluster: str) -> None:
-    """The cluster is gone: a run it left open can no longer be resumed on it."""
+    """The cluster is gone (proven): its run's tasks went with its nodes (``nodes_gone``: a later train on new
+    nodes has none of them to stop or fetch logs from), and a run it left open can no longer be resumed on it."""
     state = ClusterState(cluster)
     run = runrecord.read(state)
+    if not run:
+        return
+    run["nodes_gone"] = True
     if run.get("state") in runrecord.OPEN:
         run.update(state=RunState.ABANDONED, abandoned_from=run["state"])
-        runrecord.write(state, run)
+    runrecord.write(state, run)
 
 
 def fetch_logs_before_down(cluster: str) -> None:
@@ -87,13 +91,11 @@ def fetch_logs_before_down(cluster: str) -> None:
     run, spec = runrecord.read(state), (load_spec(state) if state.spec.exists() else None)
     if not run or not spec or not read_nodes(state.nodes):
         return
-    if state.run.stat().st_mtime < state.nodes.stat().st_mtime:
-        return  # the record is of a run on an earlier cluster of this name
+    if run.get("nodes_gone"):
+        return  # the record is of a run on an earlier cluster of this name, taken down since
     if run.get("logs_fetched"):
         say(f"run {run['run_id']}: every node's log was fetched (and the credentials removed) when its tasks "
             f"ended: {state.logs / run['run_id']}")
         return
     with phase("stop ps and workers, fetch node logs and remove the tasks' credentials before teardown"):
-        if training.stop_serving_and_fetch_logs(state, run["run_id"], spec.node_total):
-            run["logs_fetched"] = True      # a later train on new nodes has no tasks of it to stop
-            runrecord.write(state, run)
+        training.stop_serving_and_fetch_logs(state, run["run_id"], spec.node_total)

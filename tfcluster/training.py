@@ -156,9 +156,9 @@ def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
     nodes = _nodes_or_fail(state)
 
     def busy(holder: str) -> Busy:
-        return Busy(f"cluster {spec.cluster} is being trained by another tfcluster process ({holder}): a "
-                    f"second train would stop its tasks; wait for it ('make status CLUSTER={spec.cluster}' "
-                    f"shows its progress), or stop it (Ctrl-C in its terminal) first")
+        return Busy(f"cluster {spec.cluster} is in use by another tfcluster process ({holder}): a train now "
+                    f"would stop its tasks or train on nodes going away; wait for it ('make status "
+                    f"CLUSTER={spec.cluster}' shows a train's progress), or stop it (Ctrl-C in its terminal) first")
 
     sweeping = None if trial else lock_holder(state.sweep_lock)
     if sweeping:    # its trials take this cluster between them: a train of its own would take a trial's place
@@ -180,10 +180,10 @@ def _train(spec: RunSpec, state: ClusterState, nodes: list[Node], configure_firs
         prepared = job.prepare(spec, every_hparam_read=not trial)   # a sweep's trial: checked over all trials
         say(_data_line(spec, prepared))
     if run.get("state") in runrecord.RESUMABLE and run.get("logs_fetched") is not True and \
-            state.nodes.stat().st_mtime < run.get("started", 0):
+            not run.get("nodes_gone"):
         # its finish never ran (a lost controller) or failed: its tasks may still run, and each node's next
         # start begins a new log (the old one kept as node.log.1 until the start after): fetch them now. Not
-        # when these nodes came up after the run started: its tasks ran on nodes that are gone
+        # once down took its nodes (these are new ones: none of its tasks is on them)
         say(f"run {run['run_id']} is '{run['state']}' without every node's log fetched: stopping its tasks "
             f"and fetching them first")
         _finish(spec, state, nodes, run, stop_chief=True)
@@ -408,8 +408,8 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
 
 @contextmanager
 def _ctrl_c_ignored():
-    """SIGINT ignored for the block, in the main thread (a sweep's trials run in threads of their own: its
-    Ctrl-C is the sweep's to handle)."""
+    """SIGINT ignored for the block, in the main thread (signal handlers can only be set there; a sweep's trials
+    are processes of their own, each calling train in its main thread)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

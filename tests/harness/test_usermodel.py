@@ -235,8 +235,8 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
      "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])\n",
      np.zeros((2, 3)), "labels of shape (3,) per example do not fit the model's outputs of shape (1,) under loss "
                        "mean_squared_error: Keras would broadcast them and train on nonsense; have decode() or "
-                       "make_dataset() give labels of shape (1,) or () for a single value, or the model outputs "
-                       "of shape (3,)"),
+                       "make_dataset() give labels of shape (1,) or () for a single value, or change the model's "
+                       "outputs"),
     # labels decoded as strings
     (MULTICLASS, np.array([b"0", b"1"]), "the labels are text (b'0', ...), not numbers (the loss and the metrics "
                                          "need numeric labels"),
@@ -332,3 +332,36 @@ def test_a_reason_leaves_out_the_batchs_numbers_and_stays_short():
                                      "has incompatible shape (8, 4, 5)")
     long = usermodel.reason(ValueError("word " * 400))
     assert len(long) == usermodel.REASON_CHARS and long.endswith("...")
+
+
+@pytest.mark.parametrize("loss, outputs, labels", [
+    ("sparse_categorical_crossentropy", (7, 5), (7,)),      # a class id per token of a sequence
+    ("sparse_categorical_crossentropy", (7, 5), (7, 1)),
+    (None, (3,), (1,)),                                      # the default loss, class ids as [1]
+    ("mse", (7, 1), (7,)),                                   # a last axis of 1: Keras squeezes it
+    ("mse", (7,), (7, 1)),
+    ("categorical_crossentropy", (3,), (3,)),                # one-hot labels
+    ("binary_crossentropy", (1,), ()),
+    ("huber", (), ()),
+    ("cosine_similarity", (4,), (4,)),
+])
+def test_labels_of_shapes_keras_pairs_with_the_outputs_pass(tmp_path, loss, outputs, labels):
+    """Keras's own losses, judged: each pairs these shapes itself (no error raised here)."""
+    pytest.importorskip("keras")
+    body = (f"loss = {loss!r}\n" if loss else "") + "def build_model(): pass\n"
+    module = usermodel.load(_write(tmp_path, "fits", body))
+    usermodel._check_label_shape(module, usermodel.loss_fn(module), labels, outputs)
+
+
+def test_a_loss_of_the_modules_own_or_an_unusual_keras_one_is_not_judged(tmp_path):
+    pytest.importorskip("keras")
+    module = usermodel.load(_write(tmp_path, "own", """
+        import keras
+        class Weighted(keras.losses.MeanSquaredError):   # a subclass of the module's own
+            pass
+        loss = Weighted()
+        def build_model(): pass
+    """))
+    usermodel._check_label_shape(module, usermodel.loss_fn(module), (3,), (1,))
+    ctc = usermodel.load(_write(tmp_path, "ctc", "import keras\nloss = keras.losses.CTC()\ndef build_model(): pass\n"))
+    usermodel._check_label_shape(ctc, usermodel.loss_fn(ctc), (12,), (30, 28))

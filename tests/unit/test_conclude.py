@@ -389,13 +389,13 @@ def test_a_run_of_other_settings_is_not_resumed(state, capsys):
     ({"run_id": "r1", "state": "interrupted", "logs_fetched": False}, True),  # its finish could not fetch
     ({"run_id": "r1", "state": "interrupted", "logs_fetched": True}, False),
     ({"run_id": "r1", "state": "verified", "logs_fetched": True}, False),
-    # down could not fetch them either, and these nodes came up after: none of its tasks is on them
-    ({"run_id": "r1", "state": "interrupted", "logs_fetched": False, "started": 1.0}, False),
+    # down could not fetch them either, and took its nodes: these are new ones, none of its tasks is on them
+    ({"run_id": "r1", "state": "interrupted", "logs_fetched": False, "nodes_gone": True}, False),
 ])
 def test_a_run_left_without_its_logs_has_them_fetched_before_new_tasks_start(state, monkeypatch, record,
                                                                             fetched_first):
     write_nodes(state.nodes, NODES)
-    runrecord.write(state, {"started": state.nodes.stat().st_mtime + 1} | record)
+    runrecord.write(state, record)
     calls = []
     monkeypatch.setattr(training, "_check_can_train", lambda *a: None)
     monkeypatch.setattr(training.job, "prepare", lambda spec, every_hparam_read: {})
@@ -461,3 +461,24 @@ def test_a_second_ctrl_c_does_not_cut_the_stop_of_the_tasks_short():
     thread.start()
     thread.join()
     assert seen == [True] and signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.parametrize("record, after", [
+    ({"run_id": "r1", "state": "started"}, "abandoned"),         # open: it cannot be resumed on new nodes
+    ({"run_id": "r1", "state": "interrupted"}, "interrupted"),   # resumable on new nodes (checkpoints in S3)
+    ({"run_id": "r1", "state": "verified"}, "verified"),
+])
+def test_down_records_that_the_runs_nodes_are_gone(state, monkeypatch, record, after):
+    """A re-up does not tell a kept node from a new one (nodes.json is written again either way): down records
+    that the run's nodes went, and only that keeps the next train from stopping and fetching its tasks."""
+    from tfcluster import teardown
+
+    runrecord.write(state, record)
+    teardown.close_run_after_down("c")
+    saved = runrecord.read(state)
+    assert saved["nodes_gone"] is True and saved["state"] == after
+    write_nodes(state.nodes, NODES)
+    state.spec.write_text("{}")
+    monkeypatch.setattr(teardown, "load_spec", lambda state: type("Spec", (), {"node_total": 2})())
+    monkeypatch.setattr(teardown.training, "stop_serving_and_fetch_logs", lambda *a: pytest.fail("fetched"))
+    teardown.fetch_logs_before_down("c")      # its nodes are gone: nothing of it on these

@@ -287,7 +287,8 @@ def test_only_the_imports_that_run_when_the_module_loads_must_be_on_the_nodes(tm
     prepare.check_imports(module, gpu_nodes)
     guarded = path.read_text()
     for tail, line in (("import sklearn.datasets as d\n", 28),
-                       ("try:\n    import ansible\nexcept ValueError:\n    pass\n", 29)):   # not an import's guard
+                       ("try:\n    import ansible\nexcept ValueError:\n    pass\n", 29),   # not an import's guard
+                       ("if __name__ != '__main__':\n    import ansible\n", 29)):         # it runs on import
         path.write_text(guarded + tail)
         with pytest.raises(ModelModuleError, match=rf"imports (sklearn|ansible) \(.*\) when it loads \(line {line}\)"):
             prepare.check_imports(module, nodes)

@@ -63,11 +63,11 @@ def test_a_second_train_is_refused_naming_the_first_and_down_refuses_while_it_ru
     monkeypatch.setattr(teardown, "destroy_cluster", lambda cluster, provider_name: destroyed.append(cluster))
     monkeypatch.setattr(teardown, "fetch_logs_before_down", lambda cluster: None)
     proc = holder(state.trainer_lock)
-    with pytest.raises(Busy, match=rf"cluster tfct-one is being trained by another tfcluster process "
-                                   rf"\(pid {proc.pid}: tfcluster .*\): a second train would stop its tasks"):
+    with pytest.raises(Busy, match=rf"cluster tfct-one is in use by another tfcluster process "
+                                   rf"\(pid {proc.pid}: tfcluster .*\): a train now would stop its tasks"):
         training.train(spec)
-    with pytest.raises(Busy, match=rf"refusing to destroy cluster tfct-one: a train of it is running "
-                                   rf"\(pid {proc.pid}: "):
+    with pytest.raises(Busy, match=rf"refusing to destroy cluster tfct-one: another tfcluster process is using "
+                                   rf"it \(pid {proc.pid}: "):
         teardown.teardown(spec, force=False)
     assert destroyed == []
     teardown.teardown(spec, force=True)     # FORCE=1 still destroys
@@ -101,7 +101,7 @@ def test_make_all_refused_by_another_controller_tears_nothing_down(tmp_path, mon
     monkeypatch.setattr(teardown, "teardown", lambda *a: pytest.fail("torn down"))
 
     def refused(spec):
-        raise Busy("cluster tfct-one is being trained by another tfcluster process")
+        raise Busy("cluster tfct-one is in use by another tfcluster process")
 
     assert cli.run_then_teardown(spec, True, [lambda spec: None, refused], always=True) == 3
 

@@ -120,8 +120,9 @@ def _load_time_imports(tree) -> list[tuple[str, int]]:
     def guarded(node) -> bool:
         if isinstance(node, ast.If):
             test = node.test
-            main = isinstance(test, ast.Compare) and name(test.left) == "__name__" and any(
-                isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
+            main = isinstance(test, ast.Compare) and name(test.left) == "__name__" and \
+                [type(op) for op in test.ops] == [ast.Eq] and \
+                [getattr(c, "value", None) for c in test.comparators] == ["__main__"]
             return main or name(test) == "TYPE_CHECKING"
         if isinstance(node, ast.With):      # with contextlib.suppress(ImportError):
             return any(isinstance(item.context_expr, ast.Call) and name(item.context_expr.func) == "suppress"

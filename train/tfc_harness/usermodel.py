@@ -282,24 +282,44 @@ def _aligned(fn, name: str):
     return loss
 
 
+#: Keras's own losses whose labels have the shape of the outputs (their names, lower case, without "_"):
+#: for these a label that does not is broadcast against them, without an error
+SAME_SHAPE_LOSSES = frozenset({
+    "meansquarederror", "meanabsoluteerror", "meanabsolutepercentageerror", "meansquaredlogarithmicerror",
+    "huber", "logcosh", "binarycrossentropy", "binaryfocalcrossentropy", "categoricalcrossentropy",
+    "categoricalfocalcrossentropy", "hinge", "squaredhinge", "categoricalhinge", "kldivergence", "kld",
+    "poisson", "cosinesimilarity", "dice", "tversky"})
+#: Keras's own losses that take class ids against the outputs' scores: labels of the outputs' shape less its
+#: last axis (or with 1 there)
+SPARSE_LOSSES = frozenset({"sparsecategoricalcrossentropy"})
+
+
 def _check_label_shape(module: ModuleType, loss, label_shape: tuple, output_shape: tuple) -> None:
-    """Under one of Keras's own losses, an example's label has the shape of the model's output for it (a
-    single value may be a scalar or ``[1]`` on either side; a sparse loss takes a class id against ``[C]``):
-    otherwise the loss broadcasts them, ``[3]`` labels against a ``[1]`` output say, and trains on nonsense
-    without an error. A loss of the module's own (a function, a Loss subclass of its own) may want other
-    shapes: not judged."""
+    """Under one of Keras's own same-shape losses (:data:`SAME_SHAPE_LOSSES`) an example's label has the shape
+    of the model's output for it, but for a last axis of 1 on either side (Keras squeezes or expands it); under a
+    sparse one (:data:`SPARSE_LOSSES`) the outputs' shape less its last axis. Otherwise Keras broadcasts them,
+    ``[3]`` labels against a ``[1]`` output say, and trains on nonsense without an error. Other losses (CTC,
+    a loss of the module's own) may want other shapes: not judged."""
     if not getattr(loss, "keras_own", type(loss).__module__.startswith("keras.")):
         return
-    single = {(), (1,)}
-    if label_shape == output_shape or {label_shape, output_shape} <= single:
+    kind = loss_name(loss).replace("_", "").lower()
+
+    def squeezed(shape: tuple) -> tuple:
+        return shape[:-1] if shape[-1:] == (1,) else shape
+
+    if kind in SPARSE_LOSSES:
+        fits = squeezed(label_shape) == output_shape[:-1]
+        wanted = f"{output_shape[:-1]} (a class id each)"
+    elif kind in SAME_SHAPE_LOSSES:
+        fits = squeezed(label_shape) == squeezed(output_shape)
+        wanted = f"{output_shape}" + (" or () for a single value" if output_shape == (1,) else "")
+    else:
         return
-    if "sparse" in loss_name(loss).lower() and label_shape in single:
-        return
-    wanted = f"{output_shape}" + (" or () for a single value" if output_shape == (1,) else "")
-    raise ModelModuleError(f"model module {label(module)}: labels of shape {label_shape} per example do not fit "
-                           f"the model's outputs of shape {output_shape} under loss {loss_name(loss)}: Keras would "
-                           f"broadcast them and train on nonsense; have decode() or make_dataset() give labels "
-                           f"of shape {wanted}, or the model outputs of shape {label_shape}")
+    if not fits:
+        raise ModelModuleError(f"model module {label(module)}: labels of shape {label_shape} per example do not "
+                               f"fit the model's outputs of shape {output_shape} under loss {loss_name(loss)}: "
+                               f"Keras would broadcast them and train on nonsense; have decode() or make_dataset() "
+                               f"give labels of shape {wanted}, or change the model's outputs")
 
 
 def loss_name(loss) -> str:
