@@ -143,7 +143,8 @@ def test_good_csv_and_tfrecord_jobs(store, tmp_path, creds):
      "rec/good/train-*", "rec/good/test-*", "tfrecord", 2, ModelModuleError,
      "decode() returns the wrong structure: decode(record) must return (features, label)"),
     (TFRECORD_MODEL.replace("OUTPUTS = 1", "OUTPUTS = 3"), "rec/good/train-*", "rec/good/test-*", "tfrecord", 2,
-     ModelModuleError, "the loss fails on labels of shape (4,) and model outputs of shape (4, 3)"),
+     ModelModuleError, "labels of shape () per example do not fit the model's outputs of shape (3,) under loss "
+                       "BinaryCrossentropy: Keras would broadcast them"),
 ])
 def test_bad_data_is_named_before_training(store, tmp_path, creds, module, train, test, fmt, workers, error,
                                            fragment):
