@@ -30,7 +30,9 @@ def test_a_module_dropped_into_the_package_is_a_format(tmp_path, monkeypatch):
     shutil.copytree(formats.__path__[0], copy, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "lines_files.py").write_text(
         "from . import Format\n\n\n"
-        "class Lines(Format):\n    name = 'lines'\n    summary = 'one example per line'\n\n\n"
+        "class Lines(Format):\n    name = 'lines'\n    summary = 'one example per line'\n\n"
+        "    def start(self, s3_client, bucket, key):\n        return None\n\n"
+        "    def reader(self, *, decode, columns, label):\n        return lambda filenames: filenames\n\n\n"
         "FORMAT = Lines()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     try:

@@ -22,13 +22,15 @@ Nothing here imports TensorFlow, boto3 or numpy at import time: the controller's
 
 from __future__ import annotations
 
+import abc
 import importlib
 import pkgutil
 from collections.abc import Callable
 
 
-class Format:
-    """One data format. Subclasses set the attributes and implement the three methods."""
+class Format(abc.ABC):
+    """One data format. Subclasses set the attributes and implement :meth:`start` and :meth:`reader` (and
+    :meth:`columns` where the files' starts must agree)."""
 
     #: ``data.format``'s value
     name: str = ""
@@ -41,10 +43,10 @@ class Format:
     #: what turns a file's records into examples, for errors: "decode()", "CSV parsing"
     parsing: str = ""
 
+    @abc.abstractmethod
     def start(self, s3_client, bucket: str, key: str) -> object:
         """Check how ``s3://bucket/key`` starts (one ranged GET); ValueError naming the file if it does not
         start as this format's files do. Returns what :meth:`columns` needs of it (or None)."""
-        raise NotImplementedError
 
     def columns(self, bucket: str, keys: list[str], starts: list, label: str | None) -> list[str] | None:
         """Every file's :meth:`start` (``keys`` and ``starts`` in the same order) agree, and the label is among
@@ -52,10 +54,10 @@ class Format:
         takes (None for a format without named columns)."""
         return None
 
+    @abc.abstractmethod
     def reader(self, *, decode: Callable | None, columns: list[str] | None, label: str | None) -> Callable:
         """A function ``filenames -> dataset of (features, label)`` (see the package's docstring); ValueError
         when the arguments do not suit the format."""
-        raise NotImplementedError
 
 
 def _discover() -> dict[str, Format]:
