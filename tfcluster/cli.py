@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 
 from . import cluster, config, store
@@ -165,15 +164,13 @@ def run_then_teardown(spec: config.RunSpec, force: bool, steps, always: bool) ->
         return 0
     if status == EXIT_USAGE and not ClusterState(spec.cluster).dir.exists():
         return status   # refused before anything was created: nothing to tear down
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
+    with cluster.ctrl_c_ignored():
         cluster.say("tearing down (Ctrl-C is ignored until this is done)")
-        teardown.teardown(spec, force)
-    except TfclusterError as exc:
-        print(f"tfcluster: error: {exc}", file=sys.stderr)
-        status = status or exc.exit_code
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        try:
+            teardown.teardown(spec, force)
+        except TfclusterError as exc:
+            print(f"tfcluster: error: {exc}", file=sys.stderr)
+            status = status or exc.exit_code
     return status
 
 

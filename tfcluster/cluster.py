@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from . import ansible_run, inventory, job, poll, remote, runrecord, store
@@ -61,6 +64,21 @@ def ensure_ssh_key(state: ClusterState) -> str:
     os.chmod(state.ssh_key, 0o600)
     state.known_hosts.touch(mode=0o600)
     return state.ssh_key.with_suffix(".pub").read_text().strip()
+
+
+@contextmanager
+def ctrl_c_ignored() -> Iterator[None]:
+    """SIGINT ignored for the block (what must not be cut short: a teardown, the stop of a run's tasks), in the
+    main thread (signal handlers can only be set there; a sweep's trials are processes of their own, each
+    calling train in its main thread); the handler before it back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def prepare_storage(spec: RunSpec) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from pathlib import Path
 from tfc_harness import strategies
 
 from . import access, ansible_run, collected, configured, job, progress, runrecord, store, wheelhouse
-from .cluster import check_fits_the_cluster_up, load_spec, phase, say
+from .cluster import check_fits_the_cluster_up, ctrl_c_ignored, load_spec, phase, say
 from .config import ROLES, RunSpec
 from .errors import Busy, TfclusterError
 from .paths import TRAIN_DIR, ClusterState, artifacts_root, held_alone, lock_holder
@@ -401,23 +400,9 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
             "the cluster is taken down meanwhile)")
         # a second Ctrl-C (an impatient user, a wrapper passing the signal on) must not cut the stop short:
         # the chief would train on, unattended, and publish a model no train verifies
-        with _ctrl_c_ignored():
+        with ctrl_c_ignored():
             _finish(spec, state, nodes, run, stop_chief=True)
         raise
-
-
-@contextmanager
-def _ctrl_c_ignored():
-    """SIGINT ignored for the block, in the main thread (signal handlers can only be set there; a sweep's trials
-    are processes of their own, each calling train in its main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _conclude(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, final: dict,

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tfcluster import progress, runrecord, status, training
+from tfcluster import cluster, progress, runrecord, status, training
 from tfcluster.errors import TfclusterError
 from tfcluster.paths import ClusterState
 from tfcluster.providers.base import Node, write_nodes
@@ -452,12 +452,12 @@ def test_a_second_ctrl_c_does_not_cut_the_stop_of_the_tasks_short():
     import signal
 
     before = signal.getsignal(signal.SIGINT)
-    with training._ctrl_c_ignored():
+    with cluster.ctrl_c_ignored():
         os.kill(os.getpid(), signal.SIGINT)      # would raise KeyboardInterrupt here
         time.sleep(0.05)
     assert signal.getsignal(signal.SIGINT) is before
     seen = []
-    thread = threading.Thread(target=lambda: seen.append(training._ctrl_c_ignored().__enter__() is None))
+    thread = threading.Thread(target=lambda: seen.append(cluster.ctrl_c_ignored().__enter__() is None))
     thread.start()
     thread.join()
     assert seen == [True] and signal.getsignal(signal.SIGINT) is before
