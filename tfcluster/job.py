@@ -113,7 +113,8 @@ def check(spec: RunSpec, hparams_variants: list[dict] | None = None) -> dict:
     """The model module's interface for this configuration (raises :class:`JobError` naming the problem).
     ``hparams_variants``: a sweep's trials' hparams, each built, every name read in one of them at least
     (:func:`tfc_harness.prepare.check_hparams_read`)."""
-    args = {k: job_args(spec)[k] for k in ("module", "hparams", "data", "node_packages")}
+    every = job_args(spec)      # once: it reads the nodes' lock files
+    args = {k: every[k] for k in ("module", "hparams", "data", "node_packages")}
     if hparams_variants:
         args["hparams_variants"] = hparams_variants
     cache = cache_root() / "_jobchecks" / f"{_check_key(args)}.json"

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from . import tfsupport
 from .errors import TfclusterError
 from .paths import cache_root, made_once
@@ -49,10 +51,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 _REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
 
 
@@ -63,7 +61,7 @@ def read_lock(path: Path) -> dict[tuple[str, str], set[str]]:
     for line in path.read_text().splitlines():
         m = _REQUIREMENT.match(line)
         if m:
-            current = pins.setdefault((_canonical(m.group(1)), m.group(2)), set())
+            current = pins.setdefault((canonicalize_name(m.group(1)), m.group(2)), set())
         if current is not None:
             current.update(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
     return pins
@@ -86,7 +84,7 @@ def verify(directory: Path, locks: list[Path]) -> None:
             pins.setdefault(key, set()).update(hashes)
     for wheel in sorted(directory.glob("*.whl")):
         name, version = wheel.name.split("-")[:2]
-        allowed = pins.get((_canonical(name), version))
+        allowed = pins.get((canonicalize_name(name), version))
         if allowed is not None and _sha256(wheel) not in allowed:
             raise TfclusterError(f"{wheel}: its sha256 is not one the lock files "
                                  f"({', '.join(str(lock) for lock in locks)}) list: remove it and run again")

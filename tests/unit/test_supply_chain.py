@@ -11,11 +11,12 @@ import re
 import jinja2
 import pytest
 import yaml
+from packaging.utils import canonicalize_name
 
 from tests.conftest import REPO
 from tfcluster import config, tfsupport
 from tfcluster.errors import ConfigError
-from tfcluster.wheelhouse import _canonical, read_lock
+from tfcluster.wheelhouse import read_lock
 
 ROLE = REPO / "roles" / "tensorflow"
 
@@ -26,7 +27,7 @@ def _pins(requirements) -> dict[str, str]:
     for line in requirements.read_text().splitlines():
         m = re.match(r"^([A-Za-z0-9_.-]+)(\[[^\]]*\])?==(\S+)$", line.strip())
         if m:
-            found[_canonical(m.group(1))] = m.group(3)
+            found[canonicalize_name(m.group(1))] = m.group(3)
         else:
             assert not line.strip() or line.startswith("#"), f"{requirements.name}: not an exact pin: {line}"
     return found
@@ -95,9 +96,9 @@ def test_a_node_lock_pins_tensorflow_and_the_harness_at_the_controllers_versions
         lock = tfsupport.lock_file(package, version)
         _assert_hash_pinned(lock)
         pinned = set(read_lock(lock))
-        assert (_canonical(package.split("[")[0]), version) in pinned
+        assert (canonicalize_name(package.split("[")[0]), version) in pinned
         for name in tfsupport.harness_packages():
-            assert (_canonical(name), controller[_canonical(name)]) in pinned, f"{lock.name}: {name}"
+            assert (canonicalize_name(name), controller[canonicalize_name(name)]) in pinned, f"{lock.name}: {name}"
         if "and-cuda" in package:  # CUDA and cuDNN come as wheels: locked too (statically checked only)
             assert any(name.startswith("nvidia-cudnn") for name, _ in pinned), lock.name
 

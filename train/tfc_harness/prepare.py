@@ -85,15 +85,15 @@ def check_imports(module: ModuleType, nodes: dict | None) -> None:
     if not nodes or not path:
         return
     import ast
-    import importlib.metadata
-    import sys
+
+    from packaging.utils import canonicalize_name
 
     provided = importlib.metadata.packages_distributions()
     installed = set(nodes["packages"])
     for name, line in _load_time_imports(ast.parse(Path(path).read_bytes(), path)):
         if name in sys.stdlib_module_names or name in SHIPPED or name not in provided:
             continue
-        dists = sorted({_canonical(d) for d in provided[name]})
+        dists = sorted({canonicalize_name(d) for d in provided[name]})
         tensorflow = set(TENSORFLOW_DISTRIBUTIONS)     # one TensorFlow as another (cpu here, and-cuda on GPU nodes)
         if not installed & set(dists) and not (tensorflow & set(dists) and tensorflow & installed):
             raise ModelModuleError(
@@ -148,10 +148,6 @@ def _load_time_imports(tree) -> list[tuple[str, int]]:
         else:
             todo += list(ast.iter_child_nodes(node))
     return found
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def check_hparams_read(module: ModuleType, variants: list[dict | None]) -> None:
