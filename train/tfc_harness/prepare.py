@@ -90,12 +90,14 @@ def check_imports(module: ModuleType, nodes: dict | None) -> None:
 
     provided = importlib.metadata.packages_distributions()
     installed = set(nodes["packages"])
+    tensorflow = set(TENSORFLOW_DISTRIBUTIONS)     # one TensorFlow as another (cpu here, and-cuda on GPU nodes)
+    if installed & tensorflow:
+        installed |= tensorflow
     for name, line in _load_time_imports(ast.parse(Path(path).read_bytes(), path)):
         if name in sys.stdlib_module_names or name in SHIPPED or name not in provided:
             continue
         dists = sorted({canonicalize_name(d) for d in provided[name]})
-        tensorflow = set(TENSORFLOW_DISTRIBUTIONS)     # one TensorFlow as another (cpu here, and-cuda on GPU nodes)
-        if not installed & set(dists) and not (tensorflow & set(dists) and tensorflow & installed):
+        if not installed & set(dists):
             raise ModelModuleError(
                 f"model module {usermodel.label(module)} imports {name} ({', '.join(dists)}) when it loads (line "
                 f"{line}), which the nodes do not install (they have TensorFlow's packages, "
