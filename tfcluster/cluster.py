@@ -126,23 +126,23 @@ def preflight(spec: RunSpec) -> tuple[Provider, dict]:
     return provider, checked
 
 
-def check_fits_the_cluster_up(spec: RunSpec, state: ClusterState) -> None:
+def check_fits_the_cluster_up(spec: RunSpec, state: ClusterState) -> RunSpec | None:
     """A cluster that is up keeps the provider, strategy and node counts it was made with (``up`` converging
     it to others would break it: the local nodes' addresses and links follow their order); another needs
-    ``make down`` first. ClusterMismatch (exit status 2) naming each difference."""
+    ``make down`` first. ClusterMismatch (exit status 2) naming each difference. Returns the spec the cluster
+    was brought up with (None when it is not up)."""
     up = load_spec(state)
     if up is None:
-        return
-    differs = [f"provider {up.provider} (this configuration's: {spec.provider})"] if up.provider != spec.provider \
-        else []
-    differs += [f"strategy {up.strategy} (this configuration's: {spec.strategy})"] if up.strategy != spec.strategy \
-        else []
+        return None
+    differs = [f"{what} {was} (this configuration's: {now})" for what, was, now in
+               (("provider", up.provider, spec.provider), ("strategy", up.strategy, spec.strategy)) if was != now]
     differs += [f"{up.count(role)} {role} node(s) (nodes.{role}.count here: {spec.count(role)})" for role in ROLES
                 if up.count(role) != spec.count(role)]
     if differs:
         raise ClusterMismatch(f"cluster {spec.cluster} is up with another shape: {'; '.join(differs)}; "
                               f"'make down CLUSTER={spec.cluster}' and 'make up' with the new settings, or keep "
                               "the cluster's")
+    return up
 
 
 def up(spec: RunSpec, provider: Provider | None = None) -> list[Node]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from tfc_harness import strategies
 
 from . import access, ansible_run, collected, configured, job, progress, runrecord, store, wheelhouse
-from .cluster import check_fits_the_cluster_up, ctrl_c_ignored, load_spec, phase, say
+from .cluster import check_fits_the_cluster_up, ctrl_c_ignored, phase, say
 from .config import ROLES, RunSpec
 from .errors import Busy, TfclusterError
 from .paths import TRAIN_DIR, ClusterState, artifacts_root, held_alone, lock_holder
@@ -251,8 +251,7 @@ def _published(spec: RunSpec, settings: dict) -> bool:
 def _check_can_train(spec: RunSpec, state: ClusterState) -> None:
     """The nodes that are up were made for this provider, strategy and shape, and (where a cloud identity
     limits them) were granted the storage this run uses; the local store, where the run uses it, is running."""
-    check_fits_the_cluster_up(spec, state)
-    up_spec = load_spec(state)
+    up_spec = check_fits_the_cluster_up(spec, state)
     if up_spec and get_provider(spec.provider, state).limits_storage_access:
         access.check_granted(access.storage_access(up_spec), access.storage_access(spec), spec.cluster)
     if store.is_local_store(spec) and not store.is_running():
