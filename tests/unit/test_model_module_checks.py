@@ -287,8 +287,49 @@ def test_only_the_imports_that_run_when_the_module_loads_must_be_on_the_nodes(tm
     prepare.check_imports(module, gpu_nodes)
     guarded = path.read_text()
     for tail, line in (("import sklearn.datasets as d\n", 28),
+                       ("from sklearn import datasets\n", 28),
                        ("try:\n    import ansible\nexcept ValueError:\n    pass\n", 29),   # not an import's guard
                        ("if __name__ != '__main__':\n    import ansible\n", 29)):         # it runs on import
         path.write_text(guarded + tail)
-        with pytest.raises(ModelModuleError, match=rf"imports (sklearn|ansible) \(.*\) when it loads \(line {line}\)"):
+        with pytest.raises(ModelModuleError,
+                           match=rf"imports (sklearn|sklearn.datasets|ansible) \(.*\) when it loads \(line {line}\)"):
+            prepare.check_imports(module, nodes)
+
+
+def _distribution(site, name: str, files: list[str]) -> None:
+    """An installed distribution ``name`` holding ``files`` (each a module of one line), under ``site``."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    for f in files:
+        (site / f).parent.mkdir(parents=True, exist_ok=True)
+        (site / f).write_text("X = 1\n")
+    (info / "RECORD").write_text("".join(f"{f},,\n" for f in files + [f"{info.name}/METADATA"]))
+
+
+def test_a_namespace_package_is_judged_by_the_distribution_that_holds_the_imported_module(tmp_path, monkeypatch):
+    """``google`` is shared by protobuf and google-cloud-storage: importing ``google.cloud.storage`` needs the
+    latter on the nodes, whatever else provides ``google``."""
+    import types
+
+    from tfc_harness import prepare
+    from tfc_harness.errors import ModelModuleError
+
+    site = tmp_path / "site"
+    _distribution(site, "tfct_ns_proto", ["tfctns/protobuf/__init__.py"])
+    _distribution(site, "tfct_ns_core", ["tfctns/cloud/client.py"])
+    _distribution(site, "tfct_ns_storage", ["tfctns/cloud/storage/__init__.py"])
+    monkeypatch.syspath_prepend(str(site))
+    nodes = {"packages": ["tfct-ns-proto", "tfct-ns-core"], "locks": ["x.txt"]}
+    path = tmp_path / "m.py"
+    module = types.SimpleNamespace(__file__=str(path), __name__="m")
+    for source in ("import tfctns.protobuf\n", "from tfctns.cloud import client\n", "from tfctns import protobuf\n",
+                   "import tfctns.cloud\n"):
+        path.write_text(source)
+        prepare.check_imports(module, nodes)
+    for source, shown in (("from tfctns.cloud import storage\n", "tfctns.cloud"),
+                          ("import tfctns.cloud.storage as s\n", "tfctns.cloud.storage"),
+                          ("from tfctns.cloud.storage import X\n", "tfctns.cloud.storage")):
+        path.write_text(source)
+        with pytest.raises(ModelModuleError, match=rf"imports {shown} \(tfct-ns-storage\) when it loads \(line 1\)"):
             prepare.check_imports(module, nodes)

@@ -93,10 +93,11 @@ def check_imports(module: ModuleType, nodes: dict | None) -> None:
     tensorflow = set(TENSORFLOW_DISTRIBUTIONS)     # one TensorFlow as another (cpu here, and-cuda on GPU nodes)
     if installed & tensorflow:
         installed |= tensorflow
-    for name, line in _load_time_imports(ast.parse(Path(path).read_bytes(), path)):
-        if name in sys.stdlib_module_names or name in SHIPPED or name not in provided:
+    for name, dotted, line in _load_time_imports(ast.parse(Path(path).read_bytes(), path)):
+        top = name.partition(".")[0]
+        if top in sys.stdlib_module_names or top in SHIPPED or top not in provided:
             continue
-        dists = sorted({canonicalize_name(d) for d in provided[name]})
+        dists = sorted({canonicalize_name(d) for d in _owners(dotted, provided[top])})
         if not installed & set(dists):
             raise ModelModuleError(
                 f"model module {usermodel.label(module)} imports {name} ({', '.join(dists)}) when it loads (line "
@@ -105,12 +106,31 @@ def check_imports(module: ModuleType, nodes: dict | None) -> None:
                 "which runs on the controller only")
 
 
+def _owners(name: str, dists: list[str]) -> list[str]:
+    """The distributions of ``dists`` (those providing ``name``'s top-level package) that hold ``name``: the
+    ones with files under its deepest dotted path any of them holds. A namespace package (``google``: protobuf,
+    google-cloud-storage, ...) is shared, so ``google.cloud.storage`` is judged by google-cloud-storage alone,
+    not passed because protobuf is on the nodes."""
+    dists = list(dict.fromkeys(dists))
+    parts = name.split(".")
+    if len(dists) < 2 or len(parts) < 2:
+        return dists
+    files = {d: [str(f) for f in importlib.metadata.distribution(d).files or []] for d in dists}
+    for depth in range(len(parts), 1, -1):
+        path = "/".join(parts[:depth])
+        owners = [d for d in dists if any(f.startswith((path + "/", path + ".")) for f in files[d])]
+        if owners:
+            return owners
+    return dists
+
+
 #: what an ``except`` that guards an import catches (the import may fail: the module has a way without it)
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
 
-def _load_time_imports(tree) -> list[tuple[str, int]]:
-    """``(top-level package, line)`` of each absolute import that runs when the module loads and must succeed:
+def _load_time_imports(tree) -> list[tuple[str, str, int]]:
+    """``(name as imported, dotted path, line)`` of each absolute import that runs when the module loads and
+    must succeed (``from a.b import c``: ``a.b`` and ``a.b.c``, which may be a module or a name in ``a.b``):
     not inside a function (a class body runs), nor under ``if TYPE_CHECKING:`` or ``if __name__ ==
     "__main__":``, nor in a ``try`` whose ``except`` catches ImportError or a ``with
     contextlib.suppress(ImportError)`` (the module copes without it)."""
@@ -144,9 +164,9 @@ def _load_time_imports(tree) -> list[tuple[str, int]]:
             todo += list(getattr(node, "orelse", [])) + list(getattr(node, "finalbody", []))
             continue
         if isinstance(node, ast.Import):
-            found += [(alias.name.partition(".")[0], node.lineno) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            found.append((node.module.partition(".")[0], node.lineno))
+            found += [(alias.name, alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:     # a name may be a module
+            found += [(node.module, f"{node.module}.{alias.name}", node.lineno) for alias in node.names]
         else:
             todo += list(ast.iter_child_nodes(node))
     return found
