@@ -104,7 +104,7 @@ def _sweep_of(args, spec: config.RunSpec):
 def _up_step(loaded):
     """``up``, or with a sweep every group of nodes it runs on."""
     if loaded is None:
-        return cluster.up
+        return cluster.up_alone
     from . import sweep
 
     return lambda spec: sweep.ensure_groups(spec, loaded.parallel)
@@ -184,7 +184,10 @@ def cmd_all(args) -> int:
 def cmd_configure(args) -> int:
     from . import training
 
-    training.configure(spec_from_args(args), full=args.full)
+    spec = spec_from_args(args)
+    with cluster.used_alone(spec.cluster, "'configure' now would replace the harness and settings its tasks run "
+                            "with"):
+        training.configure(spec, full=args.full)
     return 0
 
 

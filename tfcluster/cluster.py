@@ -15,8 +15,8 @@ from contextlib import contextmanager
 
 from . import ansible_run, inventory, job, poll, remote, runrecord, store
 from .config import ROLES, RunSpec, resolve
-from .errors import ClusterMismatch, ProvisionError, TfclusterError
-from .paths import ClusterState, lock_holder
+from .errors import Busy, ClusterMismatch, ProvisionError, TfclusterError
+from .paths import ClusterState, held_alone, lock_holder
 from .providers import get_provider
 from .providers.base import Node, Provider, read_nodes, write_nodes
 
@@ -143,6 +143,35 @@ def check_fits_the_cluster_up(spec: RunSpec, state: ClusterState) -> RunSpec | N
                               f"'make down CLUSTER={spec.cluster}' and 'make up' with the new settings, or keep "
                               "the cluster's")
     return up
+
+
+@contextmanager
+def used_alone(cluster: str, now: str, by_sweep: bool = False) -> Iterator[None]:
+    """Hold the cluster's train lock for the block: what changes its nodes or runs on them (``up``,
+    ``configure``, ``train``) runs only while no other tfcluster process does, and not while a sweep runs on
+    the cluster (``by_sweep``: the block is that sweep's own). Otherwise :class:`Busy` at once, naming the
+    other process; ``now`` says what the block would do to it (``'up' now would change the nodes it trains
+    on``)."""
+    state = ClusterState(cluster)
+    sweeping = None if by_sweep else lock_holder(state.sweep_lock)
+    if sweeping:    # its trials take the cluster between them: a train of its own would take a trial's place
+        raise Busy(f"cluster {cluster} runs a sweep ({sweeping}): {now}; wait for the sweep, or stop it (Ctrl-C "
+                   f"in its terminal) first")
+
+    def busy(holder: str) -> Busy:
+        return Busy(f"cluster {cluster} is in use by another tfcluster process ({holder}): {now}; wait for it "
+                    f"('make status CLUSTER={cluster}' shows a train's progress), or stop it (Ctrl-C in its "
+                    f"terminal) first")
+
+    with held_alone(state.trainer_lock, busy):
+        yield
+
+
+def up_alone(spec: RunSpec) -> list[Node]:
+    """:func:`up` of a cluster no other tfcluster process uses (:func:`used_alone`): re-running ``up`` of a
+    cluster a train runs on would re-apply its nodes and rewrite its inventory under it."""
+    with used_alone(spec.cluster, "'up' now would change the nodes it trains on"):
+        return up(spec)
 
 
 def up(spec: RunSpec, provider: Provider | None = None) -> list[Node]:

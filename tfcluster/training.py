@@ -19,10 +19,10 @@ from pathlib import Path
 from tfc_harness import strategies
 
 from . import access, ansible_run, collected, configured, job, progress, runrecord, store, wheelhouse
-from .cluster import check_fits_the_cluster_up, ctrl_c_ignored, phase, say
+from .cluster import check_fits_the_cluster_up, ctrl_c_ignored, phase, say, used_alone
 from .config import ROLES, RunSpec
-from .errors import Busy, TfclusterError
-from .paths import TRAIN_DIR, ClusterState, artifacts_root, held_alone, lock_holder
+from .errors import TfclusterError
+from .paths import TRAIN_DIR, ClusterState, artifacts_root
 from .providers import get_provider
 from .providers.base import Node, read_nodes
 from .runrecord import RunState
@@ -153,17 +153,8 @@ def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
     one of a cluster a sweep runs on, but the sweep's own trials."""
     state = ClusterState(spec.cluster)
     nodes = _nodes_or_fail(state)
-
-    def busy(holder: str) -> Busy:
-        return Busy(f"cluster {spec.cluster} is in use by another tfcluster process ({holder}): a train now "
-                    f"would stop its tasks or train on nodes going away; wait for it ('make status "
-                    f"CLUSTER={spec.cluster}' shows a train's progress), or stop it (Ctrl-C in its terminal) first")
-
-    sweeping = None if trial else lock_holder(state.sweep_lock)
-    if sweeping:    # its trials take this cluster between them: a train of its own would take a trial's place
-        raise Busy(f"cluster {spec.cluster} runs a sweep ({sweeping}): its trials train on it; wait for the sweep, "
-                   f"or stop it (Ctrl-C in its terminal) first")
-    with held_alone(state.trainer_lock, busy):
+    with used_alone(spec.cluster, "a train now would stop its tasks or train on nodes going away",
+                    by_sweep=bool(trial)):
         return _train(spec, state, nodes, configure_first, trial)
 
 

@@ -113,3 +113,29 @@ def test_a_second_sweep_is_refused(tmp_path, monkeypatch, holder):
     proc = holder(ClusterState("tfct-one").sweep_lock)
     with pytest.raises(GuardError, match=rf"cluster tfct-one runs a sweep already \(pid {proc.pid}: "):
         sweep.run(spec, None)
+
+
+@pytest.mark.parametrize("lock", ["trainer_lock", "sweep_lock"])
+def test_up_and_configure_of_a_cluster_another_process_uses_are_refused_before_they_touch_it(
+        tmp_path, monkeypatch, holder, capsys, lock):
+    """`make up` again or `make configure` while another process trains the cluster (or runs a sweep on it)
+    would re-apply its nodes or replace the harness under its tasks: exit 3 at once, naming the other process,
+    and nothing is done (``make up train down``: nothing torn down either)."""
+    from tfcluster import cli, cluster
+
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(cluster, "up", lambda *a, **k: pytest.fail("up went on"))
+    monkeypatch.setattr(training, "configure", lambda *a, **k: pytest.fail("configure went on"))
+    monkeypatch.setattr(teardown, "teardown", lambda *a: pytest.fail("torn down"))
+    proc = holder(getattr(ClusterState("tfct-one"), lock))
+    for argv, now in ((["up"], "'up' now would change the nodes it trains on"),
+                      (["up", "--down-on-failure"], "'up' now would change the nodes it trains on"),
+                      (["configure"], "'configure' now would replace the harness")):
+        assert cli.main([*argv, "--cluster", "tfct-one"]) == 3, argv
+        err = capsys.readouterr().err
+        assert f"(pid {proc.pid}: " in err and now in err and err.count("\n") == 1, err
+    proc.kill()
+    proc.wait(timeout=10)
+    upped = []
+    monkeypatch.setattr(cluster, "up", lambda spec: upped.append(spec.cluster))
+    assert cli.main(["up", "--cluster", "tfct-one"]) == 0 and upped == ["tfct-one"]    # free: it goes on
