@@ -14,10 +14,11 @@ from .providers.base import Node, read_nodes
 
 def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:
     """Each node's task as ``make status`` shows it: its supervisor's state, the chief's step, a worker's data
-    stream, the chief's notes; a task its supervisor started before the cluster's latest run began is marked
-    as an earlier run's (the latest one's start was cut short)."""
+    stream, the chief's notes; a task its supervisor was not started with the latest run's deadline is marked
+    as an earlier run's (the latest one's start was cut short). The deadline is the controller's number, which
+    the node only keeps: no node clock is compared with the controller's."""
     out = {}
-    run_started = runrecord.read(state).get("started") or 0
+    deadline = runrecord.read(state).get("deadline")
     for n in nodes:
         try:
             got = remote.task_status(state, n, timeout=10)
@@ -37,7 +38,7 @@ def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:
                 text += f", {task['examples_per_sec']:.0f} examples/s"
         if task.get("data"):
             text += _stream_text(task["data"])
-        if sup.get("started") and sup["started"] < run_started:
+        if deadline and sup.get("deadline") and abs(sup["deadline"] - deadline) > 0.01:
             text += " (an earlier run's task)"
         out[n.name] = text + _notes_text(task.get("notes") or [])
     return out

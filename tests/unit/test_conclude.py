@@ -339,13 +339,14 @@ def test_make_status_shows_the_chiefs_notes_below_its_row(monkeypatch, state):
 
 def test_make_status_marks_the_tasks_of_an_earlier_run(monkeypatch, state):
     """A run whose start was cut short (Ctrl-C during the start play): the chief still reports the earlier run's
-    end, which make status must not show as the new run's."""
-    runrecord.write(state, {"run_id": "r2", "state": "started", "started": 2000.0})
+    end, which make status must not show as the new run's. Told by the run's deadline each supervisor was
+    started with (the controller's number), not by the node's clock: this chief's clock is far behind."""
+    runrecord.write(state, {"run_id": "r2", "state": "started", "started": 2000.0, "deadline": 5600.123456})
 
     def report(state, node, timeout):
-        started = 1000.0 if node.role == "chief" else 2500.0
-        return {"supervisor": {"state": "succeeded", "started": started}, "task": {"phase": "done", "step": 300,
-                                                                                   "total": 300}}
+        deadline = 4000.5 if node.role == "chief" else 5600.123456
+        return {"supervisor": {"state": "succeeded", "started": 10.0, "deadline": deadline},
+                "task": {"phase": "done", "step": 300, "total": 300}}
 
     monkeypatch.setattr(status.remote, "task_status", report)
     states = status.task_states(state, NODES)
