@@ -8,6 +8,7 @@ something worth keeping, or to stop another tfcluster process's train or sweep o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -185,8 +186,9 @@ def cmd_configure(args) -> int:
     from . import training
 
     spec = spec_from_args(args)
+    up = ClusterState(spec.cluster).nodes.exists()      # else configure refuses, and nothing needs a lock
     with cluster.used_alone(spec.cluster, "'configure' now would replace the harness and settings its tasks run "
-                            "with"):
+                            "with") if up else contextlib.nullcontext():
         training.configure(spec, full=args.full)
     return 0
 

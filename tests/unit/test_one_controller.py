@@ -127,7 +127,10 @@ def test_up_and_configure_of_a_cluster_another_process_uses_are_refused_before_t
     monkeypatch.setattr(cluster, "up", lambda *a, **k: pytest.fail("up went on"))
     monkeypatch.setattr(training, "configure", lambda *a, **k: pytest.fail("configure went on"))
     monkeypatch.setattr(teardown, "teardown", lambda *a: pytest.fail("torn down"))
-    proc = holder(getattr(ClusterState("tfct-one"), lock))
+    state = ClusterState("tfct-one")
+    state.dir.mkdir(parents=True)
+    state.nodes.write_text("[]")    # it is up
+    proc = holder(getattr(state, lock))
     for argv, now in ((["up"], "'up' now would change the nodes it trains on"),
                       (["up", "--down-on-failure"], "'up' now would change the nodes it trains on"),
                       (["configure"], "'configure' now would replace the harness")):
