@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from . import tfimport
+
 SIGNATURE = "serving_default"
 OUTPUTS = "outputs"
 PROBABILITIES = "probabilities"
@@ -137,10 +139,8 @@ def evaluate_saved_model(model_dir: str, module_path: str, spec: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    tfimport.import_tensorflow()
     if args == ["--wait"]:   # started before the model exists: TensorFlow first, then the three arguments
-        import keras  # noqa: F401
-        import tensorflow  # noqa: F401
-
         line = sys.stdin.readline()
         if not line.strip():     # nothing to evaluate (the run did not publish): the caller closed the pipe
             return 0

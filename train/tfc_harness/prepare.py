@@ -44,7 +44,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from . import data, formats, s3io, usermodel
+from . import data, formats, s3io, tfimport, usermodel
 from .errors import HarnessError, ModelModuleError
 from .inputs import PROBE_EXAMPLES
 
@@ -58,6 +58,7 @@ def check(job: dict, module: ModuleType | None = None, every_hparam_read: bool =
     reading any data. ``every_hparam_read``: :func:`check_hparams_read` (not in a sweep's trial: the sweep
     checked that over all of its trials)."""
     module = module or usermodel.load(job["module"])
+    tfimport.import_tensorflow()      # the check builds the model (unless the module's import did: the lean way)
     check_imports(module, job.get("node_packages"))
     _check_data_source(job, module)
     loss = usermodel.loss_fn(module)

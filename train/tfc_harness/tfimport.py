@@ -1,0 +1,33 @@
+"""TensorFlow's import, the lean way, in the controller's harness processes that always need it: the module
+check of ``validate`` and ``up`` (:func:`tfc_harness.prepare.check`, once the user's module is imported: a module
+importing Keras at its top has imported TensorFlow the usual way) and the verifying evaluator. (A run's data
+check, :func:`tfc_harness.prepare.run`, imports TensorFlow only when its stamp is missing.)
+
+Keras imports scikit-learn when it is installed, for wrappers no job uses (``keras.wrappers``). The controller's
+venv has it (a module's ``make_dataset()`` may use it), the nodes do not (a module importing it when it
+loads is refused): on the controller it cost ~0.55 s of the ~2.6 s of CPU TensorFlow's import takes, in every
+process that imports TensorFlow. While TensorFlow and Keras import, ``sklearn`` is blocked (Keras then has no
+scikit-learn wrappers, as on the nodes); afterwards it imports as usual, for a ``make_dataset()`` that wants it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+#: imported only when something asks for it, not by Keras's own import
+DEFERRED = "sklearn"
+
+
+def import_tensorflow() -> None:
+    """Import TensorFlow and Keras (once a process) without importing :data:`DEFERRED`."""
+    if "tensorflow" in sys.modules:
+        return
+    blocked = DEFERRED not in sys.modules
+    if blocked:
+        sys.modules[DEFERRED] = None        # an import of it raises ImportError, which Keras takes as absent
+    try:
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+    finally:
+        if blocked and sys.modules.get(DEFERRED, False) is None:
+            del sys.modules[DEFERRED]
