@@ -239,6 +239,18 @@ def _published(spec: RunSpec, settings: dict) -> bool:
         return False
 
 
+def _checkpoint_reached(spec: RunSpec, run_id: str) -> int:
+    """The step of the run's newest checkpoint in S3 (0: none, or S3 cannot tell now: the chief finds out)."""
+    from tfc_harness import checkpoints
+
+    prefix = run_settings(spec, run_id, {})["s3"]["checkpoint_prefix"]
+    try:
+        steps = checkpoints.saved_steps(store.client(spec), spec.storage.bucket, prefix)
+    except Exception:   # S3 unreachable now: the chief finds out itself (and refuses a checkpoint beyond steps)
+        return 0
+    return steps[-1] if steps else 0
+
+
 def _check_can_train(spec: RunSpec, state: ClusterState) -> None:
     """The nodes that are up were made for this provider, strategy and shape, and (where a cloud identity
     limits them) were granted the storage this run uses; the local store, where the run uses it, is running."""
@@ -267,10 +279,19 @@ def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict
         changed = sorted(k for k in fingerprint if previous["fingerprint"].get(k) != fingerprint[k])
         say(f"run {previous['run_id']} differs in {', '.join(changed)}; starting a new run instead of resuming")
         resume = False
+    reached = _checkpoint_reached(spec, previous["run_id"]) if resume else 0
+    if reached > spec.training.steps:   # its chief would refuse the checkpoint, restart and refuse again
+        say(f"run {previous['run_id']} reached step {reached} (its checkpoint in S3), beyond training.steps "
+            f"{spec.training.steps}; starting a new run instead of resuming (its checkpoints stay in S3)")
+        resume = False
+    if resume and previous.get("learning_rate", spec.training.learning_rate) != spec.training.learning_rate:
+        say(f"run {previous['run_id']} trained with training.learning_rate {previous['learning_rate']}; its "
+            f"remaining steps use {spec.training.learning_rate}")
     run_id = previous["run_id"] if resume else runrecord.new_id()
     run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(), "trial": trial,
            "resumed": resume, "fingerprint": fingerprint, "data": prepared["describe"],
-           "settings_data": prepared["data"], "dataset_prefix": prepared["dataset_prefix"]}
+           "settings_data": prepared["data"], "dataset_prefix": prepared["dataset_prefix"],
+           "learning_rate": spec.training.learning_rate}
     settings = run_settings(spec, run_id, run)
     run.update(steps=settings["steps"], s3_prefix=f"s3://{spec.storage.bucket}/{settings['s3']['run_prefix']}/",
                deadline=time.time() + settings["max_runtime_s"])
@@ -442,11 +463,21 @@ def _first_line(error: str | None, limit: int = 400) -> str:
     return f": {line[:limit]}{'…' if len(line) > limit else ''}" if line else ""
 
 
+#: TensorFlow's lines a coordinator logs by the dozen once a peer has gone (its remote functions cannot be removed):
+#: they say nothing about why the task failed, and buried the one line that did in a failed run's log tail
+_REMOTE_CLEANUP_NOISE = re.compile(r"^E\d{4} .*Failed to remove function remotely")
+
+
 def _log_tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a node's log, without :data:`_REMOTE_CLEANUP_NOISE` (counted instead)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return f"(no log at {path})"
+    kept = [line for line in text if not _REMOTE_CLEANUP_NOISE.match(line)]
+    left_out = len(text) - len(kept)
+    return "\n".join(kept[-lines:] + ([f"({left_out} lines of TensorFlow's 'Failed to remove function remotely' "
+                                       f"left out; the whole log is {path})"] if left_out else []))
 
 
 def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, stop_chief: bool) -> Path:

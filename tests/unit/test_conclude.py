@@ -483,3 +483,47 @@ def test_down_records_that_the_runs_nodes_are_gone(state, monkeypatch, record, a
     monkeypatch.setattr(teardown, "load_spec", lambda state: type("Spec", (), {"node_total": 2})())
     monkeypatch.setattr(teardown.training, "stop_serving_and_fetch_logs", lambda *a: pytest.fail("fetched"))
     teardown.fetch_logs_before_down("c")      # its nodes are gone: nothing of it on these
+
+
+def test_a_run_past_the_steps_asked_is_not_resumed_and_a_new_learning_rate_is_said(state, monkeypatch, capsys):
+    """A resumed chief refuses a checkpoint beyond training.steps (and its supervisor would restart it to refuse
+    again): a run whose checkpoint in S3 is past the steps asked starts anew, its checkpoints kept. A resume
+    with another learning rate goes on, saying so."""
+    from tfc_harness import checkpoints
+
+    from tfcluster import config
+
+    listed = []
+
+    def saved_steps(client, bucket, prefix):
+        listed.append((bucket, prefix))
+        return [200, 400]
+
+    monkeypatch.setattr(training.store, "client", lambda spec: object())
+    monkeypatch.setattr(checkpoints, "saved_steps", saved_steps)
+    prepared = {"describe": {"source": "module", "sha256": "ab"}, "data": None, "dataset_prefix": "p"}
+    first, _ = training._open_run(config.resolve({"cluster": "cc", "training": {"steps": 600}}), state, {}, prepared)
+    assert listed == []                                             # nothing to resume: S3 not asked
+    slower = config.resolve({"cluster": "cc", "training": {"steps": 400, "learning_rate": 0.0001}})
+    again, _ = training._open_run(slower, state, dict(first, state="interrupted"), prepared)
+    out = capsys.readouterr().out
+    assert again["resumed"] and again["run_id"] == first["run_id"], out
+    assert listed == [("tfcluster", f"runs/cc/{first['run_id']}/checkpoints")]
+    assert f"run {first['run_id']} trained with training.learning_rate 0.002; its remaining steps use 0.0001" in out
+    fewer = config.resolve({"cluster": "cc", "training": {"steps": 300}})
+    other, _ = training._open_run(fewer, state, dict(first, state="interrupted"), prepared)
+    assert not other["resumed"] and other["run_id"] != first["run_id"]
+    assert (f"run {first['run_id']} reached step 400 (its checkpoint in S3), beyond training.steps 300; starting a "
+            "new run instead of resuming") in capsys.readouterr().out
+
+
+def test_a_failed_runs_log_tail_leaves_out_tensorflows_remote_cleanup_lines(tmp_path):
+    log = tmp_path / "node.log"
+    noise = ("E0000 00:00:1795788412.5 123 context.cc:911] Failed to remove function remotely due to Unavailable: "
+             "... This could happen if the remote target has been disconnected from the client.")
+    log.write_text("\n".join(["step 100/400 loss 0.3", "HarnessError: checkpoint step 7400 is beyond steps=3000",
+                              *[noise] * 40]) + "\n")
+    tail = training._log_tail(log).splitlines()
+    assert tail == ["step 100/400 loss 0.3", "HarnessError: checkpoint step 7400 is beyond steps=3000",
+                    f"(40 lines of TensorFlow's 'Failed to remove function remotely' left out; the whole log is {log})"]
+    assert training._log_tail(tmp_path / "none.log") == f"(no log at {tmp_path / 'none.log'})"
