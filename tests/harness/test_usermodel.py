@@ -231,12 +231,30 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
      np.array([0.0, 1.0]), "labels of shape () per example do not fit the model's outputs of shape (3,) under "
                            "loss binary_crossentropy: Keras would broadcast them"),
     # three values per example for one output under mse: Keras broadcasts them without an error
-    ("import keras\nloss = 'mse'\n"
+    ("import keras\nloss = 'mse'\ndef make_dataset(): pass\n"
      "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])\n",
      np.zeros((2, 3)), "labels of shape (3,) per example do not fit the model's outputs of shape (1,) under loss "
-                       "mean_squared_error: Keras would broadcast them and train on nonsense; have decode() or "
-                       "make_dataset() give labels of shape (1,) or () for a single value, or change the model's "
-                       "outputs"),
+                       "mean_squared_error: Keras would broadcast them and train on nonsense; have make_dataset() "
+                       "give labels of shape (1,) or () for a single value, or change the model's outputs"),
+    # a module of CSV data (neither decode nor make_dataset): its labels are one column
+    ("import keras\nloss = 'binary_crossentropy'\n"
+     "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(2)])\n",
+     np.array([0.0, 1.0]), "labels of shape () per example do not fit the model's outputs of shape (2,) under loss "
+                           "binary_crossentropy: Keras would broadcast them and train on nonsense; a CSV's label "
+                           "column (data.label) gives one number per example: change the model's outputs"),
+    # a binary classifier left with the default loss (sparse categorical cross-entropy: an output per class)
+    ("import keras\ndef build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), "
+     "keras.layers.Dense(1, activation='sigmoid')])\n",
+     np.array([0, 1]), "Received a label value of 1 which is outside the valid range of [0, 1)"),
+    ("import keras\ndef build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), "
+     "keras.layers.Dense(1, activation='sigmoid')])\n",
+     np.array([0, 1]), "(the module sets no loss, and the default is sparse categorical cross-entropy from "
+                       "logits, which wants an output per class; a model with one output unit wants loss = "
+                       "'binary_crossentropy' as a binary classifier"),
+    ("import keras\nloss = 'sparse_categorical_crossentropy'\ndef build_model():\n"
+     "    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1, activation='sigmoid')])\n",
+     np.array([0, 1]), "[Op:SparseSoftmaxCrossEntropyWithLogits] (a model with one output unit wants loss = "
+                       "'binary_crossentropy'"),
     # labels decoded as strings
     (MULTICLASS, np.array([b"0", b"1"]), "the labels are text (b'0', ...), not numbers (the loss and the metrics "
                                          "need numeric labels"),

@@ -318,8 +318,27 @@ def _check_label_shape(module: ModuleType, loss, label_shape: tuple, output_shap
     if not fits:
         raise ModelModuleError(f"model module {label(module)}: labels of shape {label_shape} per example do not "
                                f"fit the model's outputs of shape {output_shape} under loss {loss_name(loss)}: "
-                               f"Keras would broadcast them and train on nonsense; have decode() or make_dataset() "
-                               f"give labels of shape {wanted}, or change the model's outputs")
+                               f"Keras would broadcast them and train on nonsense; {_label_fix(module, wanted)}")
+
+
+def _label_fix(module: ModuleType, wanted: str) -> str:
+    """How to make the labels fit: in the module's own code that gives them, or (CSV files: one label column)
+    in the model's outputs."""
+    givers = " or ".join(f"{name}()" for name in ("decode", "make_dataset") if callable(getattr(module, name, None)))
+    if not givers:
+        return "a CSV's label column (data.label) gives one number per example: change the model's outputs"
+    return f"have {givers} give labels of shape {wanted}, or change the model's outputs"
+
+
+def _loss_hint(module: ModuleType, loss, output_shape) -> str:
+    """A likely cause of a sparse cross-entropy failing on a model with one output unit: a binary classifier (or
+    a regression) under the default loss, which wants one output per class."""
+    if loss_name(loss).replace("_", "").lower() not in SPARSE_LOSSES or tuple(output_shape)[-1:] != (1,):
+        return ""
+    unset = "" if hasattr(module, "loss") else "the module sets no loss, and the default is sparse categorical " \
+        "cross-entropy from logits, which wants an output per class; "
+    return (f" ({unset}a model with one output unit wants loss = 'binary_crossentropy' as a binary classifier "
+            f"(keras.losses.BinaryCrossentropy(from_logits=True) on logits) or e.g. 'mse' as a regression)")
 
 
 def loss_name(loss) -> str:
@@ -398,6 +417,10 @@ REASON_CHARS = 600          # a reason longer than this is cut
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+#: the end of an eager op's error in TensorFlow: the op's name, empty
+_NO_OP_NAME = re.compile(r"\s+name:\s*$")
+
+
 def reason(exc: Exception) -> str:
     """An exception's message on one line.  Keras wraps an error inside a layer's call in lines of its own
     ("Exception encountered when calling Sequential.call()." first, "Arguments received by ..." and each
@@ -407,6 +430,7 @@ def reason(exc: Exception) -> str:
         cut = next((i for i, ln in enumerate(lines) if ln.startswith("Arguments received by")), len(lines))
         lines = lines[1:cut] or lines[:1]
     text = _ARRAY.sub("[...]", " ".join(lines))     # the batch's numbers, which Keras puts in some messages
+    text = _NO_OP_NAME.sub("", text)
     return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
 
 
@@ -439,7 +463,7 @@ def check_batch(module: ModuleType, model, x, y, loss=None) -> None:
         values = np.asarray(loss(y, out))
     except Exception as exc:
         raise ModelModuleError(f"model module {label(module)}: the loss fails on {shapes}: "
-                               f"{type(exc).__name__}: {reason(exc)}") from exc
+                               f"{type(exc).__name__}: {reason(exc)}{_loss_hint(module, loss, out.shape)}") from exc
     n = len(x)
     if values.ndim >= 2 and values.shape[:2] == (n, n) and n > 1:
         raise ModelModuleError(f"model module {label(module)}: the loss broadcasts {shapes} to "
