@@ -68,8 +68,8 @@ validate: $(BOOTSTRAP) ## Check the configuration and print it with defaults fil
 	$(TFCLUSTER) validate $(CONFIG_ARGS)
 
 .PHONY: plan
-plan: $(BOOTSTRAP) ## Show what up would create (nodes, Terraform plan or RADL, network, deadline, model), creating nothing
-	$(TFCLUSTER) plan $(CONFIG_ARGS)
+plan: $(BOOTSTRAP) ## Show what up would create (nodes, Terraform plan or RADL, network, deadline, model), creating nothing (SWEEP=file: its trials and groups)
+	$(TFCLUSTER) plan $(CONFIG_ARGS) $(SWEEP_ARGS)
 
 .PHONY: up
 up: $(BOOTSTRAP) ## Provision the cluster (local provider by default) and check Ansible reaches every node (SWEEP=file: its groups)

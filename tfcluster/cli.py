@@ -89,7 +89,8 @@ def cmd_validate(args) -> int:
 def cmd_plan(args) -> int:
     from . import plan
 
-    plan.show(spec_from_args(args))  # bad input stops here as it stops up: exit status 2
+    spec = spec_from_args(args)
+    plan.show(spec, _sweep_of(args, spec))  # bad input stops here as it stops up: exit status 2
     return 0
 
 
@@ -313,8 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     _config_args(add("validate", cmd_validate, "check the configuration and print it with defaults filled"))
-    _config_args(add("plan", cmd_plan, "show what up would create (nodes, Terraform plan or RADL, network, time "
-                                       "limits, model location), creating nothing"))
+    p = add("plan", cmd_plan, "show what up would create (nodes, Terraform plan or RADL, network, time limits, "
+                              "model location), creating nothing")
+    _config_args(p)
+    _sweep_arg(p, "also show the sweep's trials and the groups of nodes they run on")
     p = add("up", cmd_up, "provision the cluster's nodes and check Ansible reaches them")
     _config_args(p)
     _sweep_arg(p, "also bring up every group of nodes the sweep runs its trials on")

@@ -14,15 +14,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import runrecord, store, training
+from . import groups, runrecord, store, training
 from .cluster import ensure_ssh_key, preflight
 from .config import RunSpec
 from .paths import ClusterState, artifacts_root
 from .providers.base import CONFIGURE_ALLOWANCE_MINUTES, VM_HALT_MARGIN_MINUTES, PlannedNode, Provider, ProviderPlan
+from .sweepfile import Sweep, params_text
 
 
-def show(spec: RunSpec) -> None:
-    """Check the configuration as ``up`` does, then print the plan (stdout); raises what ``up`` would raise."""
+def show(spec: RunSpec, sweep: Sweep | None = None) -> None:
+    """Check the configuration as ``up`` does, then print the plan (stdout); raises what ``up`` would raise.
+    ``sweep``: the sweep file ``up`` and ``sweep`` would run (already read and checked): its trials and groups."""
     provider, checked = preflight(spec)
     planned = provider_plan(provider, spec)
     state = ClusterState(spec.cluster)
@@ -36,6 +38,27 @@ def show(spec: RunSpec) -> None:
     section("time limits", time_lines(spec, provider, time.time()))
     section("model and data", model_lines(spec, state, checked))
     section("what up would create", planned.creates)
+    if sweep is not None:
+        section("sweep", sweep_lines(spec, sweep))
+
+
+#: a sweep's trials listed by plan, the rest counted
+TRIALS_SHOWN = 12
+
+
+def sweep_lines(spec: RunSpec, sweep: Sweep) -> list[str]:
+    """The sweep's ranking, its groups of nodes (each one of the plan above) and its trials."""
+    names = [groups.spec_for(spec, k).cluster for k in range(sweep.parallel)]
+    up = [n for n in names if ClusterState(n).nodes.exists()]
+    lines = [f"{sweep.name} ({sweep.path}): {len(sweep.trials)} trials ({sweep.method}), "
+             f"{'maximizing' if sweep.direction == 'maximize' else 'minimizing'} "
+             f"{sweep.metric.removeprefix('test_')}",
+             f"{sweep.parallel} at once, on groups {', '.join(names)}, each with the nodes above"
+             + (f" ({', '.join(up)} up already)" if up else "")]
+    lines += [f"{t['id']}: {params_text(t['params'])}" for t in sweep.trials[:TRIALS_SHOWN]]
+    if len(sweep.trials) > TRIALS_SHOWN:
+        lines.append(f"... and {len(sweep.trials) - TRIALS_SHOWN} more")
+    return lines
 
 
 def provider_plan(provider: Provider, spec: RunSpec) -> ProviderPlan:

@@ -209,7 +209,7 @@ def test_trials_rank_by_the_metric_in_its_direction_and_the_best_is_a_verified_o
     assert sweep.best(sw, trials) is None
 
 
-@pytest.mark.parametrize("command", ["sweep", "up", "all"])
+@pytest.mark.parametrize("command", ["sweep", "up", "all", "plan"])
 def test_a_bad_sweep_exits_2_with_one_line_and_creates_nothing(tmp_path, home, command):
     path = write(tmp_path, "parameters:\n  training.learning_rate: [0.01, 0]\nparallel: 2\n")
     res = run_cli(command, "-c", str(DIABETES), "--cluster", "tfct-swbad", "--sweep", str(path), home=home)
@@ -218,6 +218,22 @@ def test_a_bad_sweep_exits_2_with_one_line_and_creates_nothing(tmp_path, home, c
     assert len(err) == 1 and "Traceback" not in res.stderr
     assert f"sweep {path}: parameters.training.learning_rate: got 0" in err[0]
     assert not (home / "tfct-swbad").exists() and not (home / "tfct-swbad-g1").exists()
+
+
+def test_plan_shows_the_sweeps_trials_and_groups(tmp_path, spec, monkeypatch):
+    from tfcluster import plan
+
+    path = write(tmp_path, "name: lr\nparameters:\n  training.learning_rate: [0.001, 0.01, 0.1]\n"
+                           "  hparams.units: [8, 16, 32, 64, 128]\nparallel: 2\n")
+    sw = sweepfile.load(path, spec)
+    monkeypatch.setattr(plan, "TRIALS_SHOWN", 4)
+    monkeypatch.setattr(plan.ClusterState, "nodes", property(lambda self: tmp_path / f"{self.cluster}.json"))
+    (tmp_path / "tfct-sw-g1.json").write_text("[]")
+    assert plan.sweep_lines(spec, sw) == [
+        f"lr ({path}): 15 trials (grid), minimizing mae",
+        "2 at once, on groups tfct-sw, tfct-sw-g1, each with the nodes above (tfct-sw-g1 up already)",
+        "t00: learning_rate=0.001, units=8", "t01: learning_rate=0.001, units=16",
+        "t02: learning_rate=0.001, units=32", "t03: learning_rate=0.001, units=64", "... and 11 more"]
 
 
 def test_a_missing_sweep_file_is_refused(home):
