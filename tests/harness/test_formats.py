@@ -71,7 +71,7 @@ def test_csv_problems():
     assert csv_files.problems([], "target") == ["no columns (the CSV header is empty)"]
     assert csv_files.problems(["a", "", "a", "a"], "y") == [
         "column 2 has an empty name", "column name 'a' appears 3 times",
-        "label column 'y' is not in the header (a, , a, a)"]
+        "label column 'y' (data.label) is not in the header (a, , a, a)"]
     assert csv_files.problems(["a", "b"], None) == ["no label column named (data.label)"]
     assert csv_files.problems(["y"], "y") == ["no feature columns besides the label 'y'"]
 
@@ -83,7 +83,7 @@ def test_reader_arguments():
         formats.reader("tfrecord")
     with pytest.raises(ValueError, match="columns and label are for csv"):
         formats.reader("tfrecord", decode=lambda r: (r, r), label="y")
-    with pytest.raises(ValueError, match="csv data: label column 'y' is not in the header"):
+    with pytest.raises(ValueError, match=r"csv data: label column 'y' \(data.label\) is not in the header"):
         formats.reader("csv", columns=["a", "b"], label="y")
     with pytest.raises(ValueError, match="decode is for tfrecord"):
         formats.reader("csv", decode=lambda r: (r, r), columns=["a", "y"], label="y")

@@ -121,10 +121,14 @@ def test_good_csv_and_tfrecord_jobs(store, tmp_path, creds):
      f"data.train: s3://{BUCKET}/csv/nothing-*.csv matches no object in s3://{BUCKET}/"),
     (CSV_MODEL, "csv/good/train-*", "csv/good/nothing/", "csv", 2, prepare.DataError,
      f"data.test: s3://{BUCKET}/csv/good/nothing/ matches no object"),
+    # a folder named without its '/': the hint says what it holds
+    (CSV_MODEL, "csv/nolabel", "csv/good/test-*", "csv", 2, prepare.DataError,
+     f"data.train: s3://{BUCKET}/csv/nolabel matches no object in s3://{BUCKET}/ (but s3://{BUCKET}/csv/nolabel/ "
+     "holds 3 file(s): a folder's URL ends with '/')"),
     (CSV_MODEL, "csv/good/train-*", "csv/good/test-*", "csv", 4, prepare.DataError,
      "data.train: 3 files for 4 workers: worker 3 would have no data"),
     (CSV_MODEL, "csv/nolabel/train-*", "csv/nolabel/test-*", "csv", 2, prepare.DataError,
-     "s3://prep/csv/nolabel/train-0.csv: label column 'target' is not in the header (a, b, c)"),
+     "s3://prep/csv/nolabel/train-0.csv: label column 'target' (data.label) is not in the header (a, b, c)"),
     (CSV_MODEL, "csv/text/train-*", "csv/text/test-*", "csv", 2, prepare.DataError,
      "s3://prep/csv/text/test-0.csv: line 2, column b holds high, not a number (every CSV column must hold numbers)"),
     (CSV_MODEL, "csv/good/train-*", "csv/good/*", "csv", 2, prepare.DataError,

@@ -183,7 +183,7 @@ def test_data_files_the_local_store_lacks_are_refused_before_anything_exists(fil
         "fewer files than workers": (f"s3://tfct-files/{prefix}/train-*.csv", "data.train: 1 files for 2 workers: "
                                      "worker 1 would have no data"),
         "no label column": (f"s3://tfct-files/{prefix}/nolabel-*.csv", f"s3://tfct-files/{prefix}/nolabel-0.csv: "
-                            "label column 'y' is not in the header (a, b, c, d, price)"),
+                            "label column 'y' (data.label) is not in the header (a, b, c, d, price)"),
         # 3 feature columns for a model of 4 inputs: found by TensorFlow on the first records, before any node
         "a model that does not fit the data": (f"s3://tfct-files/{prefix}/three-*.csv", "model module job.py: "
                                                "build_model() returned a model that fails on the data's "

@@ -369,7 +369,11 @@ def _listed(client, field: str, url: str) -> tuple[str, list[dict]]:
             raise
         raise DataError(f"{field}: {url}: {_BUCKET_REFUSALS[code].format(bucket=bucket)}") from None
     if not files:
-        raise DataError(f"{field}: {url} matches no object in s3://{bucket}/")
+        folder = url + "/"
+        hint = f" (but {folder} holds {len(under)} file(s): a folder's URL ends with '/')" if not \
+            url.endswith("/") and not any(c in url for c in "*?[") and (under := sources.list_files(client, folder)) \
+            else ""
+        raise DataError(f"{field}: {url} matches no object in s3://{bucket}/{hint}")
     return bucket, files
 
 

@@ -82,7 +82,7 @@ def problems(columns: list[str] | None, label: str | None) -> list[str]:
     if not label:
         problems.append("no label column named (data.label)")
     elif label not in columns:
-        problems.append(f"label column {label!r} is not in the header ({', '.join(columns)})")
+        problems.append(f"label column {label!r} (data.label) is not in the header ({', '.join(columns)})")
     elif len(columns) < 2:
         problems.append(f"no feature columns besides the label {label!r}")
     return problems
