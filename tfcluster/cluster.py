@@ -227,24 +227,31 @@ def status(cluster: str, task_states=None) -> int:
     nodes = read_nodes(state.nodes)
     if not nodes:
         print(f"cluster {cluster}: not up (no {state.nodes})")
+        _print_run(state)      # kept after down: how its last run ended
         return 1
     spec = load_spec(state)
     print(f"cluster {cluster}: provider {spec.provider if spec else '?'}, {len(nodes)} nodes")
     answers = {n.name: ("ssh ok" if ssh_answers(n) else "ssh DOWN") for n in nodes}
     tasks = task_states(state, [n for n in nodes if answers[n.name] == "ssh ok"]) if task_states else {}
     print_nodes(nodes, {k: v + (f", task: {tasks[k]}" if k in tasks else "") for k, v in answers.items()})
+    _print_run(state, up=True)
+    return 0 if all(v == "ssh ok" for v in answers.values()) else 1
+
+
+def _print_run(state: ClusterState, up: bool = False) -> None:
+    """The cluster's latest run, from its record: state, headline metric, time left (``up``), where it is."""
+    cluster = state.cluster
     rec = runrecord.read(state)
     if rec:
         key = rec.get("headline", "test_accuracy")
         acc = f", test {key.removeprefix('test_')} {rec[key]:.4f}" if key in rec else ""
         left = ""
-        if rec.get("state") == runrecord.RunState.STARTED and rec.get("deadline"):
+        if up and rec.get("state") == runrecord.RunState.STARTED and rec.get("deadline"):
             left = f", {max(0, rec['deadline'] - time.time()) / 60:.1f} min left before the nodes stop it"
             if lock_holder(state.trainer_lock) is None:
                 left += (f"; no train of it is running: 'make train CLUSTER={cluster}' with the settings it "
                          f"started with (CONFIG=, WORKERS=, SET=...) resumes it")
         print(f"run {rec.get('run_id')}: {rec.get('state')}{acc}{left} ({rec.get('s3_prefix', '')})")
-    return 0 if all(v == "ssh ok" for v in answers.values()) else 1
 
 
 def down(cluster: str, provider_name: str | None = None) -> None:

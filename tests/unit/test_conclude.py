@@ -527,3 +527,14 @@ def test_a_failed_runs_log_tail_leaves_out_tensorflows_remote_cleanup_lines(tmp_
     assert tail == ["step 100/400 loss 0.3", "HarnessError: checkpoint step 7400 is beyond steps=3000",
                     f"(40 lines of TensorFlow's 'Failed to remove function remotely' left out; the whole log is {log})"]
     assert training._log_tail(tmp_path / "none.log") == f"(no log at {tmp_path / 'none.log'})"
+
+
+def test_make_status_of_a_cluster_that_is_down_shows_how_its_last_run_ended(state, capsys):
+    from tfcluster import cluster
+
+    runrecord.write(state, {"run_id": "r3", "state": "verify_failed", "headline": "test_auc", "test_auc": 0.8869,
+                            "s3_prefix": "s3://b/runs/c/r3/", "deadline": 1.0})
+    assert cluster.status(state.cluster) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"cluster {state.cluster}: not up (no {state.nodes})",
+                   "run r3: verify_failed, test auc 0.8869 (s3://b/runs/c/r3/)"], out
