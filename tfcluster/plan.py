@@ -134,8 +134,8 @@ def model_lines(spec: RunSpec, state: ClusterState, checked: dict) -> list[str]:
              f"data: {data_source(spec, s3, checked.get('files'))}"]
     run = runrecord.read(state)
     if run.get("state") in runrecord.RESUMABLE:
-        lines.append(f"<run-id>: {run['run_id']} (train resumes that run if model, batch size, hparams and data "
-                     "are unchanged; otherwise a new id)")
+        lines.append(f"<run-id>: {run['run_id']} (train resumes that run if model, batch size, learning rate, "
+                     "hparams and data are unchanged; otherwise a new id)")
     else:
         lines.append("<run-id>: a new id when train starts (UTC time and 4 hex digits, e.g. "
                      f"{runrecord.new_id()})")

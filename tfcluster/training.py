@@ -244,9 +244,9 @@ def _checkpoint_reached(spec: RunSpec, run_id: str) -> int:
     from tfc_harness import checkpoints
 
     prefix = run_settings(spec, run_id, {})["s3"]["checkpoint_prefix"]
-    try:
-        steps = checkpoints.saved_steps(store.client(spec), spec.storage.bucket, prefix)
-    except Exception:   # S3 unreachable now: the chief finds out itself (and refuses a checkpoint beyond steps)
+    try:    # one try, quietly: S3 failing now is the chief's to find out (it refuses a checkpoint beyond steps)
+        steps = checkpoints.saved_steps(store.client(spec), spec.storage.bucket, prefix, tries=1, log=None)
+    except Exception:
         return 0
     return steps[-1] if steps else 0
 
@@ -264,34 +264,41 @@ def _check_can_train(spec: RunSpec, state: ClusterState) -> None:
                              "was there, and 'make train'")
 
 
+#: fingerprint keys that records of earlier tfcluster releases lack: such a run still resumes
+FINGERPRINT_ADDED = frozenset({"learning_rate"})
+
+
 def _open_run(spec: RunSpec, state: ClusterState, previous: dict, prepared: dict,
               trial: str = "") -> tuple[dict, dict]:
-    """Resume the previous run when it can be (same model, batch size, hparams and data, as ``prepared``
-    by :func:`tfcluster.job.prepare`), else start one; write the record. Returns the record and the nodes'
+    """Resume the previous run when it can be (same model, batch size, learning rate, hparams and data, as
+    ``prepared`` by :func:`tfcluster.job.prepare`; its newest checkpoint in S3 not past ``training.steps``, or
+    its model published or held), else start one; write the record. Returns the record and the nodes'
     settings."""
+    # the learning rate too: a checkpoint restores the optimizer's, so a resume could not change it
     fingerprint = {"model": job.model_name(spec), "module_sha256": job.module_sha256(spec),
-                   "batch_size": spec.training.batch_size, "hparams": spec.training.hparams,
-                   "data": _data_identity(prepared["describe"])}
+                   "batch_size": spec.training.batch_size, "learning_rate": spec.training.learning_rate,
+                   "hparams": spec.training.hparams, "data": _data_identity(prepared["describe"])}
     if trial:   # a sweep's trial resumes only itself (trials differ in values the other keys do not cover)
         fingerprint["trial"] = trial
     resume = previous.get("state") in runrecord.RESUMABLE
-    if resume and previous.get("fingerprint", fingerprint) != fingerprint:
-        changed = sorted(k for k in fingerprint if previous["fingerprint"].get(k) != fingerprint[k])
-        say(f"run {previous['run_id']} differs in {', '.join(changed)}; starting a new run instead of resuming")
+    before = previous.get("fingerprint", fingerprint)
+    changed = [k for k in {*before, *fingerprint} if before.get(k) != fingerprint.get(k)
+               and not (k in FINGERPRINT_ADDED and k not in before)]
+    if resume and changed:
+        say(f"run {previous['run_id']} differs in {', '.join(sorted(changed))}; starting a new run instead of "
+            f"resuming")
         resume = False
-    reached = _checkpoint_reached(spec, previous["run_id"]) if resume else 0
-    if reached > spec.training.steps:   # its chief would refuse the checkpoint, restart and refuse again
-        say(f"run {previous['run_id']} reached step {reached} (its checkpoint in S3), beyond training.steps "
-            f"{spec.training.steps}; starting a new run instead of resuming (its checkpoints stay in S3)")
-        resume = False
-    if resume and previous.get("learning_rate", spec.training.learning_rate) != spec.training.learning_rate:
-        say(f"run {previous['run_id']} trained with training.learning_rate {previous['learning_rate']}; its "
-            f"remaining steps use {spec.training.learning_rate}")
+    if resume and previous.get("state") != RunState.UNPUBLISHED:    # (a held model: its chief publishes it)
+        reached = _checkpoint_reached(spec, previous["run_id"])
+        if reached > spec.training.steps and not _published(spec, run_settings(spec, previous["run_id"], {})):
+            # its chief would refuse the checkpoint, be restarted and refuse again
+            say(f"run {previous['run_id']} reached step {reached} (its checkpoint in S3), beyond training.steps "
+                f"{spec.training.steps}; starting a new run instead of resuming (its checkpoints stay in S3)")
+            resume = False
     run_id = previous["run_id"] if resume else runrecord.new_id()
     run = {"run_id": run_id, "state": RunState.STARTED, "started": time.time(), "trial": trial,
            "resumed": resume, "fingerprint": fingerprint, "data": prepared["describe"],
-           "settings_data": prepared["data"], "dataset_prefix": prepared["dataset_prefix"],
-           "learning_rate": spec.training.learning_rate}
+           "settings_data": prepared["data"], "dataset_prefix": prepared["dataset_prefix"]}
     settings = run_settings(spec, run_id, run)
     run.update(steps=settings["steps"], s3_prefix=f"s3://{spec.storage.bucket}/{settings['s3']['run_prefix']}/",
                deadline=time.time() + settings["max_runtime_s"])

@@ -485,36 +485,52 @@ def test_down_records_that_the_runs_nodes_are_gone(state, monkeypatch, record, a
     teardown.fetch_logs_before_down("c")      # its nodes are gone: nothing of it on these
 
 
-def test_a_run_past_the_steps_asked_is_not_resumed_and_a_new_learning_rate_is_said(state, monkeypatch, capsys):
+def test_a_run_past_the_steps_asked_or_of_another_learning_rate_is_not_resumed(state, monkeypatch, capsys):
     """A resumed chief refuses a checkpoint beyond training.steps (and its supervisor would restart it to refuse
-    again): a run whose checkpoint in S3 is past the steps asked starts anew, its checkpoints kept. A resume
-    with another learning rate goes on, saying so."""
+    again): a run whose checkpoint in S3 is past the steps asked starts anew, its checkpoints kept, unless its
+    model is published (verified instead) or held on its chief (published by it). A checkpoint restores the
+    optimizer's learning rate: another one starts a new run too; a record made before the learning rate was
+    part of the fingerprint still resumes."""
     from tfc_harness import checkpoints
 
     from tfcluster import config
 
-    listed = []
+    listed, published = [], []
 
-    def saved_steps(client, bucket, prefix):
-        listed.append((bucket, prefix))
+    def saved_steps(client, bucket, prefix, **retries):
+        listed.append((bucket, prefix, retries))
         return [200, 400]
 
     monkeypatch.setattr(training.store, "client", lambda spec: object())
     monkeypatch.setattr(checkpoints, "saved_steps", saved_steps)
+    monkeypatch.setattr(training, "_published", lambda spec, settings: settings["run_id"] in published)
     prepared = {"describe": {"source": "module", "sha256": "ab"}, "data": None, "dataset_prefix": "p"}
-    first, _ = training._open_run(config.resolve({"cluster": "cc", "training": {"steps": 600}}), state, {}, prepared)
+
+    def open_run(previous, **training_settings):
+        spec = config.resolve({"cluster": "cc", "training": {"steps": 600, **training_settings}})
+        run, _ = training._open_run(spec, state, previous, prepared)
+        return run, capsys.readouterr().out
+
+    first, _ = open_run({})
     assert listed == []                                             # nothing to resume: S3 not asked
-    slower = config.resolve({"cluster": "cc", "training": {"steps": 400, "learning_rate": 0.0001}})
-    again, _ = training._open_run(slower, state, dict(first, state="interrupted"), prepared)
-    out = capsys.readouterr().out
+    stopped = dict(first, state="interrupted")
+    again, out = open_run(stopped, steps=400)
     assert again["resumed"] and again["run_id"] == first["run_id"], out
-    assert listed == [("tfcluster", f"runs/cc/{first['run_id']}/checkpoints")]
-    assert f"run {first['run_id']} trained with training.learning_rate 0.002; its remaining steps use 0.0001" in out
-    fewer = config.resolve({"cluster": "cc", "training": {"steps": 300}})
-    other, _ = training._open_run(fewer, state, dict(first, state="interrupted"), prepared)
+    assert listed == [("tfcluster", f"runs/cc/{first['run_id']}/checkpoints", {"tries": 1, "log": None})]
+    other, out = open_run(stopped, steps=300)
     assert not other["resumed"] and other["run_id"] != first["run_id"]
     assert (f"run {first['run_id']} reached step 400 (its checkpoint in S3), beyond training.steps 300; starting a "
-            "new run instead of resuming") in capsys.readouterr().out
+            "new run instead of resuming") in out
+    published.append(first["run_id"])
+    assert open_run(stopped, steps=300)[0]["run_id"] == first["run_id"]    # published: train verifies it
+    published.clear()
+    assert open_run(dict(stopped, state="unpublished"), steps=300)[0]["run_id"] == first["run_id"]
+    other, out = open_run(stopped, learning_rate=0.0001)
+    assert not other["resumed"] and f"run {first['run_id']} differs in learning_rate; starting a new run" in out
+    older = dict(stopped, fingerprint={k: v for k, v in first["fingerprint"].items() if k != "learning_rate"})
+    assert open_run(older, learning_rate=0.0001)[0]["resumed"]
+    trial = dict(stopped, fingerprint=dict(first["fingerprint"], trial="s/t01"))   # a trial's run: only its own
+    assert not open_run(trial)[0]["resumed"]
 
 
 def test_a_failed_runs_log_tail_leaves_out_tensorflows_remote_cleanup_lines(tmp_path):

@@ -25,10 +25,11 @@ def checkpoint_files(local_dir: str | Path, step: int) -> list[Path]:
     return sorted(files, key=lambda f: (f.suffix == ".index", f.name))
 
 
-def saved_steps(s3_client, bucket: str, prefix: str) -> list[int]:
-    """Steps of the complete checkpoints under ``prefix``, ascending."""
+def saved_steps(s3_client, bucket: str, prefix: str, **retries) -> list[int]:
+    """Steps of the complete checkpoints under ``prefix``, ascending (``retries``: ``tries``, ``log`` as
+    :func:`tfc_harness.s3io.with_retries` takes them)."""
     steps = []
-    for key in s3io.list_keys(s3_client, bucket, prefix):
+    for key in s3io.list_keys(s3_client, bucket, prefix, **retries):
         match = _INDEX.match(key.rsplit("/", 1)[-1])
         if match:
             steps.append(int(match.group(1)))

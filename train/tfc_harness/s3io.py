@@ -204,17 +204,20 @@ def etag(client, bucket: str, key: str, **retry) -> str | None:
     return str(found[0].get("ETag", "")).strip('"') if found else None
 
 
-def list_objects(client, bucket: str, prefix: str) -> Iterator[dict]:
-    """The listing entry (``Key``, ``Size``, ``ETag``...) of every object under ``prefix/`` (a folder)."""
+def list_objects(client, bucket: str, prefix: str, tries: int = DEFAULT_TRIES,
+                 log: Callable[[str], None] | None = print) -> Iterator[dict]:
+    """The listing entry (``Key``, ``Size``, ``ETag``...) of every object under ``prefix/`` (a folder);
+    ``tries`` and ``log`` as :func:`with_retries` takes them."""
     folder = prefix.strip("/") + "/"
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder)
-    for page in with_retries(lambda: list(pages), f"list s3://{bucket}/{folder}"):
+    for page in with_retries(lambda: list(pages), f"list s3://{bucket}/{folder}", tries=tries, log=log):
         yield from page.get("Contents", [])
 
 
-def list_keys(client, bucket: str, prefix: str) -> Iterator[str]:
+def list_keys(client, bucket: str, prefix: str, tries: int = DEFAULT_TRIES,
+              log: Callable[[str], None] | None = print) -> Iterator[str]:
     """Every key under ``prefix/`` (the prefix is treated as a folder)."""
-    for obj in list_objects(client, bucket, prefix):
+    for obj in list_objects(client, bucket, prefix, tries=tries, log=log):
         yield obj["Key"]
 
 
