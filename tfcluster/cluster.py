@@ -169,12 +169,12 @@ def used_alone(cluster: str, now: str, by_sweep: bool = False) -> Iterator[None]
 
 def up_alone(spec: RunSpec) -> list[Node]:
     """:func:`up` of a cluster no other tfcluster process uses (:func:`used_alone`): re-running ``up`` of a
-    cluster a train runs on would re-apply its nodes and rewrite its inventory under it. A cluster not up has
-    no nodes to change: nothing is locked (nor a lock file made: an ``up`` refusing bad input leaves nothing)."""
-    if not ClusterState(spec.cluster).nodes.exists():
-        return up(spec)
+    cluster a train runs on would re-apply its nodes and rewrite its inventory under it, and a second ``up``,
+    a ``train`` or a ``down`` of a cluster being brought up would find half of it. Its checks run first: an
+    ``up`` refusing bad input makes no lock file either, and leaves nothing behind."""
+    provider, _ = preflight(spec)
     with used_alone(spec.cluster, "'up' now would change the nodes it trains on"):
-        return up(spec)
+        return up(spec, provider)
 
 
 def up(spec: RunSpec, provider: Provider | None = None) -> list[Node]:

@@ -124,21 +124,25 @@ def test_up_and_configure_of_a_cluster_another_process_uses_are_refused_before_t
     from tfcluster import cli, cluster
 
     monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(cluster, "preflight", lambda spec: ("checked", {}))
     monkeypatch.setattr(cluster, "up", lambda *a, **k: pytest.fail("up went on"))
     monkeypatch.setattr(training, "configure", lambda *a, **k: pytest.fail("configure went on"))
     monkeypatch.setattr(teardown, "teardown", lambda *a: pytest.fail("torn down"))
     state = ClusterState("tfct-one")
+    proc = holder(getattr(state, lock))
+    up_refused = (["up"], "'up' now would change the nodes it trains on")
+    for argv, now in (up_refused, (["up", "--down-on-failure"], up_refused[1])):    # not up yet: being brought up
+        assert cli.main([*argv, "--cluster", "tfct-one"]) == 3, argv
+        err = capsys.readouterr().err
+        assert f"(pid {proc.pid}: " in err and now in err and err.count("\n") == 1, err
     state.dir.mkdir(parents=True)
     state.nodes.write_text("[]")    # it is up
-    proc = holder(getattr(state, lock))
-    for argv, now in ((["up"], "'up' now would change the nodes it trains on"),
-                      (["up", "--down-on-failure"], "'up' now would change the nodes it trains on"),
-                      (["configure"], "'configure' now would replace the harness")):
+    for argv, now in (up_refused, (["configure"], "'configure' now would replace the harness")):
         assert cli.main([*argv, "--cluster", "tfct-one"]) == 3, argv
         err = capsys.readouterr().err
         assert f"(pid {proc.pid}: " in err and now in err and err.count("\n") == 1, err
     proc.kill()
     proc.wait(timeout=10)
     upped = []
-    monkeypatch.setattr(cluster, "up", lambda spec: upped.append(spec.cluster))
-    assert cli.main(["up", "--cluster", "tfct-one"]) == 0 and upped == ["tfct-one"]    # free: it goes on
+    monkeypatch.setattr(cluster, "up", lambda spec, provider: upped.append((spec.cluster, provider)))
+    assert cli.main(["up", "--cluster", "tfct-one"]) == 0 and upped == [("tfct-one", "checked")]  # free: it goes on
