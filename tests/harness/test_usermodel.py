@@ -231,17 +231,22 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
      np.array([0.0, 1.0]), "labels of shape () per example do not fit the model's outputs of shape (3,) under "
                            "loss binary_crossentropy: Keras would broadcast them"),
     # three values per example for one output under mse: Keras broadcasts them without an error
-    ("import keras\nloss = 'mse'\ndef make_dataset(): pass\n"
+    ("import keras\nloss = 'mse'\n"
      "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])\n",
      np.zeros((2, 3)), "labels of shape (3,) per example do not fit the model's outputs of shape (1,) under loss "
                        "mean_squared_error: Keras would broadcast them and train on nonsense; have make_dataset() "
                        "give labels of shape (1,) or () for a single value, or change the model's outputs"),
-    # a module of CSV data (neither decode nor make_dataset): its labels are one column
-    ("import keras\nloss = 'binary_crossentropy'\n"
+    # CSV data: its labels are one column (whatever else the module defines)
+    ("import keras\nloss = 'binary_crossentropy'\ndef make_dataset(): pass\n"
      "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(2)])\n",
      np.array([0.0, 1.0]), "labels of shape () per example do not fit the model's outputs of shape (2,) under loss "
-                           "binary_crossentropy: Keras would broadcast them and train on nonsense; a CSV's label "
-                           "column (data.label) gives one number per example: change the model's outputs"),
+                           "binary_crossentropy: Keras would broadcast them and train on nonsense; the csv files' "
+                           "label column (data.label) gives one number per example: change the model's outputs"),
+    # TFRecord data: decode() gives them
+    ("import keras\nloss = 'mse'\ndef make_dataset(): pass\n"
+     "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])\n",
+     np.zeros((2, 3)), "train on nonsense; have decode() give labels of shape (1,) or () for a single value, or "
+                       "change the model's outputs"),
     # a binary classifier left with the default loss (sparse categorical cross-entropy: an output per class)
     ("import keras\ndef build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), "
      "keras.layers.Dense(1, activation='sigmoid')])\n",
@@ -251,6 +256,9 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
      np.array([0, 1]), "(the module sets no loss, and the default is sparse categorical cross-entropy from "
                        "logits, which wants an output per class; a model with one output unit wants loss = "
                        "'binary_crossentropy' as a binary classifier"),
+    ("import keras\nloss = None\nFROM_LOGITS = False\ndef build_model():\n    return keras.Sequential(["
+     "keras.Input(shape=(4,)), keras.layers.Dense(1, activation='sigmoid')])\n",
+     np.array([0, 1]), "(the module sets no loss, and the default is sparse categorical cross-entropy, which wants"),
     ("import keras\nloss = 'sparse_categorical_crossentropy'\ndef build_model():\n"
      "    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1, activation='sigmoid')])\n",
      np.array([0, 1]), "[Op:SparseSoftmaxCrossEntropyWithLogits] (a model with one output unit wants loss = "
@@ -264,8 +272,9 @@ def test_labels_that_do_not_fit_the_loss_are_named(tmp_path, body, y, fragment):
     pytest.importorskip("keras")
     module = usermodel.load(_write(tmp_path, "misfit", body))
     model = usermodel.build_model(module, (4,))
+    data_format = "csv" if "the csv files'" in fragment else "tfrecord" if "have decode()" in fragment else None
     with pytest.raises(usermodel.ModelModuleError) as err:
-        usermodel.check_batch(module, model, np.zeros((len(y), 4), dtype=np.float32), y)
+        usermodel.check_batch(module, model, np.zeros((len(y), 4), dtype=np.float32), y, data_format=data_format)
     assert str(err.value).startswith("model module misfit.py: ") and fragment in str(err.value)
 
 

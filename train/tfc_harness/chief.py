@@ -68,6 +68,7 @@ class Job:
     example_shape: tuple[int, ...] | None = None
     local_model: object = None
     feed: object = None   # this task's data stream, when it reads its own share (kept alive while training)
+    data_format: str | None = None    # the data files' format (None: the module's arrays)
 
 
 def run(settings: Settings, strategy: Strategy) -> int:
@@ -201,7 +202,7 @@ def load_job(client, settings: Settings, strategy: Strategy) -> Job:
     asked, unless the strategy must connect before TensorFlow runs anything (then after connecting)."""
     module = usermodel.load(settings.model_module)
     job = Job(module, usermodel.loss_fn(module), inputs.for_settings(settings, client, module),
-              dict(settings.hparams))
+              dict(settings.hparams), data_format=settings.data.format if settings.data else None)
     if not strategy.connects_before_tensorflow:
         check_job(job)
     return job
@@ -213,7 +214,7 @@ def check_job(job: Job) -> None:
     job.example_shape = tuple(int(d) for d in x.shape[1:])
     # A throwaway copy: variables made before the strategy connects cannot be used after it did.
     probe = usermodel.build_model(job.module, job.example_shape, job.hparams)
-    usermodel.check_batch(job.module, probe, x, y, job.loss)
+    usermodel.check_batch(job.module, probe, x, y, job.loss, job.data_format)
 
 
 def build_distributed(strategy: Strategy, job: Job, learning_rate: float):

@@ -267,7 +267,7 @@ def _client(job: dict):
 def _check_on(module: ModuleType, job: dict, x, y) -> None:
     """The model (built for these examples), its loss and its metrics on ``x``, ``y``."""
     model = usermodel.build_model(module, tuple(x.shape[1:]), job.get("hparams"))
-    usermodel.check_batch(module, model, x, y, usermodel.loss_fn(module))
+    usermodel.check_batch(module, model, x, y, usermodel.loss_fn(module), (job.get("data") or {}).get("format"))
 
 
 #: the harness files (and folders: each of their modules) whose code checks a job (here and in the
@@ -369,12 +369,21 @@ def _listed(client, field: str, url: str) -> tuple[str, list[dict]]:
             raise
         raise DataError(f"{field}: {url}: {_BUCKET_REFUSALS[code].format(bucket=bucket)}") from None
     if not files:
-        folder = url + "/"
-        hint = f" (but {folder} holds {len(under)} file(s): a folder's URL ends with '/')" if not \
-            url.endswith("/") and not any(c in url for c in "*?[") and (under := sources.list_files(client, folder)) \
-            else ""
-        raise DataError(f"{field}: {url} matches no object in s3://{bucket}/{hint}")
+        raise DataError(f"{field}: {url} matches no object in s3://{bucket}/{_folder_hint(client, url)}")
     return bucket, files
+
+
+def _folder_hint(client, url: str) -> str:
+    """A URL that names no object but a folder without its '/' (``s3://b/data/train``): what that folder holds."""
+    if url.endswith("/") or any(c in url for c in "*?["):
+        return ""
+    from . import sources
+
+    try:
+        under = sources.list_files(client, url + "/")
+    except s3io.TransferError:      # no hint, rather than another error in place of the one that matters
+        return ""
+    return f" (but {url}/ holds {len(under)} file(s): a folder's URL ends with '/')" if under else ""
 
 
 def _listing(client, job: dict) -> dict:

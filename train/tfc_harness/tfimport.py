@@ -6,8 +6,9 @@ check, :func:`tfc_harness.prepare.run`, imports TensorFlow only when its stamp i
 Keras imports scikit-learn when it is installed, for wrappers no job uses (``keras.wrappers``). The controller's
 venv has it (a module's ``make_dataset()`` may use it), the nodes do not (a module importing it when it
 loads is refused): on the controller it cost ~0.55 s of the ~2.6 s of CPU TensorFlow's import takes, in every
-process that imports TensorFlow. While TensorFlow and Keras import, ``sklearn`` is blocked (Keras then has no
-scikit-learn wrappers, as on the nodes); afterwards it imports as usual, for a ``make_dataset()`` that wants it.
+process that imports TensorFlow. While TensorFlow and Keras import, ``sklearn`` is blocked; afterwards it
+imports as usual, for a ``make_dataset()`` that wants it. Keras's scikit-learn wrappers (``keras.wrappers``)
+stay without it for the rest of the process, as on the nodes: a model module cannot use them there either.
 """
 
 from __future__ import annotations

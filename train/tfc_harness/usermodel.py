@@ -294,7 +294,8 @@ SAME_SHAPE_LOSSES = frozenset({
 SPARSE_LOSSES = frozenset({"sparsecategoricalcrossentropy"})
 
 
-def _check_label_shape(module: ModuleType, loss, label_shape: tuple, output_shape: tuple) -> None:
+def _check_label_shape(module: ModuleType, loss, label_shape: tuple, output_shape: tuple,
+                       data_format: str | None = None) -> None:
     """Under one of Keras's own same-shape losses (:data:`SAME_SHAPE_LOSSES`) an example's label has the shape
     of the model's output for it, but for a last axis of 1 on either side (Keras squeezes or expands it); under a
     sparse one (:data:`SPARSE_LOSSES`) the outputs' shape less its last axis. Otherwise Keras broadcasts them,
@@ -318,16 +319,21 @@ def _check_label_shape(module: ModuleType, loss, label_shape: tuple, output_shap
     if not fits:
         raise ModelModuleError(f"model module {label(module)}: labels of shape {label_shape} per example do not "
                                f"fit the model's outputs of shape {output_shape} under loss {loss_name(loss)}: "
-                               f"Keras would broadcast them and train on nonsense; {_label_fix(module, wanted)}")
+                               f"Keras would broadcast them and train on nonsense; {_label_fix(data_format, wanted)}")
 
 
-def _label_fix(module: ModuleType, wanted: str) -> str:
-    """How to make the labels fit: in the module's own code that gives them, or (CSV files: one label column)
-    in the model's outputs."""
-    givers = " or ".join(f"{name}()" for name in ("decode", "make_dataset") if callable(getattr(module, name, None)))
-    if not givers:
-        return "a CSV's label column (data.label) gives one number per example: change the model's outputs"
-    return f"have {givers} give labels of shape {wanted}, or change the model's outputs"
+def _label_fix(data_format: str | None, wanted: str) -> str:
+    """How to make the labels fit, by where they come from (``data_format``: the data files' format, None for
+    ``make_dataset()``'s arrays): the module's own code that gives them, or a label column's one number per
+    example (then only the model's outputs can change)."""
+    if data_format is None:
+        return f"have make_dataset() give labels of shape {wanted}, or change the model's outputs"
+    from . import formats
+
+    if formats.get(data_format).needs_decode:
+        return f"have decode() give labels of shape {wanted}, or change the model's outputs"
+    return (f"the {data_format} files' label column (data.label) gives one number per example: change the "
+            f"model's outputs")
 
 
 def _loss_hint(module: ModuleType, loss, output_shape) -> str:
@@ -335,8 +341,9 @@ def _loss_hint(module: ModuleType, loss, output_shape) -> str:
     a regression) under the default loss, which wants one output per class."""
     if loss_name(loss).replace("_", "").lower() not in SPARSE_LOSSES or tuple(output_shape)[-1:] != (1,):
         return ""
-    unset = "" if hasattr(module, "loss") else "the module sets no loss, and the default is sparse categorical " \
-        "cross-entropy from logits, which wants an output per class; "
+    unset = "" if getattr(module, "loss", None) is not None else (
+        f"the module sets no loss, and the default is sparse categorical cross-entropy"
+        f"{' from logits' if from_logits(module) else ''}, which wants an output per class; ")
     return (f" ({unset}a model with one output unit wants loss = 'binary_crossentropy' as a binary classifier "
             f"(keras.losses.BinaryCrossentropy(from_logits=True) on logits) or e.g. 'mse' as a regression)")
 
@@ -434,8 +441,10 @@ def reason(exc: Exception) -> str:
     return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
 
 
-def check_batch(module: ModuleType, model, x, y, loss=None) -> None:
+def check_batch(module: ModuleType, model, x, y, loss=None, data_format: str | None = None) -> None:
     """Run ``model`` on one batch and the loss and metrics on its output: the labels must fit the loss.
+    ``data_format``: the format of the data files the batch comes from (None: ``make_dataset()``'s arrays),
+    for the advice on labels that do not fit.
 
     Raises :class:`ModelModuleError` naming what failed (the model, the loss or a metric) and the shapes.
     """
@@ -458,7 +467,7 @@ def check_batch(module: ModuleType, model, x, y, loss=None) -> None:
         raise ModelModuleError(f"model module {label(module)}: the labels are {what}, not numbers (the loss and "
                                f"the metrics need numeric labels: have decode() or make_dataset() return them as "
                                f"numbers, e.g. class ids)")
-    _check_label_shape(module, loss, tuple(np.shape(y))[1:], tuple(out.shape)[1:])
+    _check_label_shape(module, loss, tuple(np.shape(y))[1:], tuple(out.shape)[1:], data_format)
     try:
         values = np.asarray(loss(y, out))
     except Exception as exc:
@@ -470,7 +479,7 @@ def check_batch(module: ModuleType, model, x, y, loss=None) -> None:
                                f"{values.shape}; make the labels' shape match the outputs'")
     if not np.all(np.isfinite(values)):
         raise ModelModuleError(f"model module {label(module)}: the loss is not finite on {shapes} "
-                               "(labels outside what the loss accepts?)")
+                               f"(labels outside what the loss accepts?){_loss_hint(module, loss, out.shape)}")
     for metric in metric_objects(module, loss):
         try:
             metric.update_state(y, out)
