@@ -26,6 +26,10 @@ def show(spec: RunSpec, sweep: Sweep | None = None) -> None:
     """Check the configuration as ``up`` does, then print the plan (stdout); raises what ``up`` would raise.
     ``sweep``: the sweep file ``up`` and ``sweep`` would run (already read and checked): its trials and groups."""
     provider, checked = preflight(spec)
+    if sweep is not None:   # every group as up would check it (this one just was)
+        from . import sweep as sweeps
+
+        sweeps.check_groups(spec, sweep.parallel, checked_already=spec.cluster)
     planned = provider_plan(provider, spec)
     state = ClusterState(spec.cluster)
     print(f"plan for cluster {spec.cluster} on provider {spec.provider} ({spec.strategy}: "
@@ -53,7 +57,8 @@ def sweep_lines(spec: RunSpec, sweep: Sweep) -> list[str]:
     lines = [f"{sweep.name} ({sweep.path}): {len(sweep.trials)} trials ({sweep.method}), "
              f"{'maximizing' if sweep.direction == 'maximize' else 'minimizing'} "
              f"{sweep.metric.removeprefix('test_')}",
-             f"{sweep.parallel} at once, on groups {', '.join(names)}, each with the nodes above"
+             f"{sweep.parallel} at once, on groups {', '.join(names)}: each a cluster of its own (its own subnet and "
+             f"addresses) with the nodes above"
              + (f" ({', '.join(up)} up already)" if up else "")]
     lines += [f"{t['id']}: {params_text(t['params'])}" for t in sweep.trials[:TRIALS_SHOWN]]
     if len(sweep.trials) > TRIALS_SHOWN:

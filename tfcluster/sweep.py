@@ -85,14 +85,21 @@ PLAYBOOK_FAILURE = re.compile(r"^    (fatal|failed):")
 
 
 # -- groups ------------------------------------------------------------------------------------------------
-def ensure_groups(spec: RunSpec, parallel: int) -> list[RunSpec]:
-    """Bring up every group the sweep needs that is not up yet (all are checked before any is created)."""
+def check_groups(spec: RunSpec, parallel: int, checked_already: str = "") -> tuple[list[RunSpec], dict]:
+    """Every group's configuration; the groups that are up fit it, and those not up pass ``up``'s checks
+    (``checked_already``: a cluster whose checks the caller ran). Returns the configurations and, for each
+    group not up, the provider its checks returned. Creates nothing."""
     specs = [groups.spec_for(spec, k) for k in range(parallel)]
     missing = [s for s in specs if not ClusterState(s.cluster).nodes.exists()]
     for s in specs:     # the groups that are up: the same shape as the new ones (a trial runs on any of them)
         lifecycle.check_fits_the_cluster_up(s, ClusterState(s.cluster))
-    checked = {s.cluster: lifecycle.preflight(s)[0] for s in missing}
-    for s in missing:
+    return specs, {s.cluster: lifecycle.preflight(s)[0] for s in missing if s.cluster != checked_already}
+
+
+def ensure_groups(spec: RunSpec, parallel: int) -> list[RunSpec]:
+    """Bring up every group the sweep needs that is not up yet (all are checked before any is created)."""
+    specs, checked = check_groups(spec, parallel)
+    for s in (s for s in specs if s.cluster in checked):
         if s.cluster != spec.cluster:
             groups.remember(spec.cluster, s.cluster)   # before anything exists: `down` finds it
         say(f"group {specs.index(s)} of cluster {spec.cluster}: bringing up {s.cluster}")

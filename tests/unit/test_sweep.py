@@ -173,6 +173,36 @@ def test_each_missing_group_is_checked_once_and_all_before_any_is_created(tmp_pa
     assert groups.extra("exp") == ["exp-g1"]
 
 
+def test_plan_checks_every_group_as_up_does_and_creates_none(tmp_path, monkeypatch, capsys):
+    """make plan SWEEP=: the groups' checks as make up SWEEP= makes them (the plan's own cluster once), a group of
+    another shape refused (exit 2) before anything is printed."""
+    from tfcluster import plan
+    from tfcluster.errors import ClusterMismatch
+
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(plan, "preflight", lambda s: calls.append(("plan's check", s.cluster)) or ("p", {}))
+    monkeypatch.setattr(sweep.lifecycle, "preflight", lambda s: calls.append(("check", s.cluster)) or ("p", {}))
+    monkeypatch.setattr(plan, "provider_plan", lambda *a: pytest.fail("planned past a failed check"))
+    base = config.resolve({"cluster": "exp", "network": {"subnet": "10.231.240.0/24"}})
+    sw = sweepfile.load(write(tmp_path, "parameters:\n  training.learning_rate: [0.001, 0.01]\nparallel: 3\n"),
+                        base)
+    bigger = groups.spec_for(config.resolve({"cluster": "exp", "network": {"subnet": "10.231.240.0/24"},
+                                             "nodes": {"worker": {"count": 3}}}), 2)
+    state = sweep.ClusterState("exp-g2")
+    state.dir.mkdir(parents=True)
+    state.nodes.write_text("[]")
+    sweep.lifecycle.save_spec(state, bigger)                # group 2 is up with 3 workers
+    with pytest.raises(ClusterMismatch, match="cluster exp-g2 is up with another shape: 3 worker"):
+        plan.show(base, sw)
+    assert calls == [("plan's check", "exp")] and capsys.readouterr().out == ""
+    sweep.lifecycle.save_spec(state, groups.spec_for(base, 2))
+    monkeypatch.setattr(plan, "provider_plan", lambda *a: (_ for _ in ()).throw(RuntimeError("planned")))
+    with pytest.raises(RuntimeError, match="planned"):
+        plan.show(base, sw)
+    assert calls[1:] == [("plan's check", "exp"), ("check", "exp-g1")]    # group 2 is up: it fits
+
+
 def test_the_record_keeps_what_earlier_runs_of_the_same_sweep_found_by_the_trials_values(tmp_path, spec,
                                                                                        monkeypatch):
     monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
@@ -231,7 +261,8 @@ def test_plan_shows_the_sweeps_trials_and_groups(tmp_path, spec, monkeypatch):
     (tmp_path / "tfct-sw-g1.json").write_text("[]")
     assert plan.sweep_lines(spec, sw) == [
         f"lr ({path}): 15 trials (grid), minimizing mae",
-        "2 at once, on groups tfct-sw, tfct-sw-g1, each with the nodes above (tfct-sw-g1 up already)",
+        "2 at once, on groups tfct-sw, tfct-sw-g1: each a cluster of its own (its own subnet and addresses) with the "
+        "nodes above (tfct-sw-g1 up already)",
         "t00: learning_rate=0.001, units=8", "t01: learning_rate=0.001, units=16",
         "t02: learning_rate=0.001, units=32", "t03: learning_rate=0.001, units=64", "... and 11 more"]
 
