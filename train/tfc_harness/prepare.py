@@ -45,7 +45,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import data, formats, s3io, tfimport, usermodel
-from .errors import HarnessError, ModelModuleError
+from .errors import HarnessError, ModelModuleError, cause
 from .inputs import PROBE_EXAMPLES
 
 
@@ -506,13 +506,8 @@ _ASSERTED = re.compile(r"assertion failed: \[(.*)\]$")
 
 
 def _first_line(exc: Exception) -> str:
-    """TensorFlow's message without its noise: graph-function names, op names, the traced code's stack
-    (for an error inside ``decode``, its last line says what went wrong)."""
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    if lines and lines[0].rstrip(":").endswith("in user code"):
-        lines = lines[-1:]
-    text = re.sub(r"\{\{function_node [^}]*\}\}|\s*\[Op:[^\]]*\](\s*name:\s*\S*)?", "", lines[0] if lines else "")
-    return text.strip()
+    """TensorFlow's message without its noise (:func:`tfc_harness.errors.cause`)."""
+    return cause(str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:
