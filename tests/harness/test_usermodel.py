@@ -263,6 +263,25 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
      "    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1, activation='sigmoid')])\n",
      np.array([0, 1]), "[Op:SparseSoftmaxCrossEntropyWithLogits] (a model with one output unit wants loss = "
                        "'binary_crossentropy'"),
+    # a softmax model under the default loss, which takes logits: a softmax twice
+    ("import keras\ndef build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), "
+     "keras.layers.Dense(3, activation='softmax')])\n",
+     np.array([0, 2]), "build_model's outputs are probabilities (each example's 3 sum to 1: a softmax), but the loss "
+                       "(the default, SparseCategoricalCrossentropy) takes logits and applies a softmax again; set "
+                       "FROM_LOGITS = False"),
+    ("import keras\nloss = keras.losses.CategoricalCrossentropy(from_logits=True)\ndef build_model():\n"
+     "    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3, activation='softmax')])\n",
+     np.eye(3)[[0, 2]], "takes logits and applies a softmax again; give the loss from_logits=False, or drop"),
+    # a categorical metric on class ids (and its sparse twin on one-hot labels): no error, a wrong figure
+    (MULTICLASS + "    def metrics():\n        return [keras.metrics.CategoricalAccuracy(name='acc')]\n",
+     np.array([0, 2]), "metric 'acc' (CategoricalAccuracy) wants labels of shape (3,) per example, not (): it would "
+                       "score nonsense without an error; use SparseCategoricalAccuracy for these labels, or have "
+                       "make_dataset() give labels of shape (3,)"),
+    ("import keras\nloss = 'categorical_crossentropy'\ndef build_model():\n    return keras.Sequential(["
+     "keras.Input(shape=(4,)), keras.layers.Dense(3, activation='softmax')])\n"
+     "def metrics():\n    return [keras.metrics.SparseTopKCategoricalAccuracy(k=2, name='top2')]\n",
+     np.eye(3)[[0, 2]], "metric 'top2' (SparseTopKCategoricalAccuracy) wants labels of shape () (a class id each) per "
+                        "example, not (3,): it would score nonsense without an error; use TopKCategoricalAccuracy"),
     # labels decoded as strings
     (MULTICLASS, np.array([b"0", b"1"]), "the labels are text (b'0', ...), not numbers (the loss and the metrics "
                                          "need numeric labels"),

@@ -303,37 +303,96 @@ def _check_label_shape(module: ModuleType, loss, label_shape: tuple, output_shap
     a loss of the module's own) may want other shapes: not judged."""
     if not getattr(loss, "keras_own", type(loss).__module__.startswith("keras.")):
         return
-    kind = loss_name(loss).replace("_", "").lower()
-
-    def squeezed(shape: tuple) -> tuple:
-        return shape[:-1] if shape[-1:] == (1,) else shape
-
-    if kind in SPARSE_LOSSES:
-        fits = squeezed(label_shape) == output_shape[:-1]
-        wanted = f"{output_shape[:-1]} (a class id each)"
-    elif kind in SAME_SHAPE_LOSSES:
-        fits = squeezed(label_shape) == squeezed(output_shape)
-        wanted = f"{output_shape}" + (" or () for a single value" if output_shape == (1,) else "")
-    else:
-        return
-    if not fits:
+    wanted = _wanted_labels(loss_name(loss), SAME_SHAPE_LOSSES, SPARSE_LOSSES, label_shape, output_shape)
+    if wanted:
         raise ModelModuleError(f"model module {label(module)}: labels of shape {label_shape} per example do not "
                                f"fit the model's outputs of shape {output_shape} under loss {loss_name(loss)}: "
                                f"Keras would broadcast them and train on nonsense; {_label_fix(data_format, wanted)}")
 
 
-def _label_fix(data_format: str | None, wanted: str) -> str:
-    """How to make the labels fit, by where they come from (``data_format``: the data files' format, None for
-    ``make_dataset()``'s arrays): the module's own code that gives them, or a label column's one number per
-    example (then only the model's outputs can change)."""
-    if data_format is None:
-        return f"have make_dataset() give labels of shape {wanted}, or change the model's outputs"
-    from . import formats
+#: Keras's own metrics (their class names, lower case) whose labels have the outputs' shape (one-hot for the
+#: categorical ones), and those that take class ids: the other kind of label gives a figure, and a wrong one
+SAME_SHAPE_METRICS = frozenset({"categoricalaccuracy", "topkcategoricalaccuracy", "categoricalcrossentropy"})
+SPARSE_METRICS = frozenset({"sparsecategoricalaccuracy", "sparsetopkcategoricalaccuracy",
+                            "sparsecategoricalcrossentropy"})
 
-    if formats.get(data_format).needs_decode:
-        return f"have decode() give labels of shape {wanted}, or change the model's outputs"
+
+def _check_metric_label_shape(module: ModuleType, metric, label_shape: tuple, output_shape: tuple,
+                              data_format: str | None) -> None:
+    """A categorical metric of Keras's own (:data:`SAME_SHAPE_METRICS`, :data:`SPARSE_METRICS`) on labels of the
+    other kind computes without an error, and scores nonsense: ``CategoricalAccuracy`` on class ids 0.0."""
+    if not type(metric).__module__.startswith("keras."):
+        return
+    kind = type(metric).__name__
+    wanted = _wanted_labels(kind, SAME_SHAPE_METRICS, SPARSE_METRICS, label_shape, output_shape)
+    giver = _label_giver(data_format)
+    if wanted:
+        other = "Sparse" + kind if kind.lower() in SAME_SHAPE_METRICS else kind.removeprefix("Sparse")
+        raise ModelModuleError(f"model module {label(module)}: metric {metric.name!r} ({kind}) wants labels of "
+                               f"shape {wanted} per example, not {label_shape}: it would score nonsense without an "
+                               f"error; use {other} for these labels" + (f", or have {giver} give labels of shape "
+                                                                           f"{wanted}" if giver else ""))
+
+
+def _wanted_labels(name: str, same_shape: frozenset, sparse: frozenset, label_shape: tuple,
+                   output_shape: tuple) -> str | None:
+    """The label shape per example that ``name`` (a loss's or metric's, matched lower case without "_" against
+    ``same_shape`` and ``sparse``) wants for these outputs when ``label_shape`` is not it, else None."""
+    kind = name.replace("_", "").lower()
+
+    def squeezed(shape: tuple) -> tuple:
+        return shape[:-1] if shape[-1:] == (1,) else shape
+
+    if kind in sparse:
+        fits = squeezed(label_shape) == output_shape[:-1]
+        wanted = f"{output_shape[:-1]} (a class id each)"
+    elif kind in same_shape:
+        fits = squeezed(label_shape) == squeezed(output_shape)
+        wanted = f"{output_shape}" + (" or () for a single value" if output_shape == (1,) else "")
+    else:
+        return None
+    return None if fits else wanted
+
+
+def _check_not_softmax_twice(module: ModuleType, loss, outputs) -> None:
+    """A softmax cross-entropy on logits (the default loss) over outputs that are already a softmax's (each
+    example's several outputs in [0, 1], summing to 1) applies the softmax twice: the model learns slowly if at
+    all, and the served ``probabilities`` are a softmax of probabilities. Refused, naming both fixes."""
+    import numpy as np
+
+    if probability_fn(loss) != "softmax":
+        return
+    values = np.asarray(outputs, dtype=np.float64)
+    if values.ndim < 2 or values.shape[-1] < 2 or not np.all((values >= 0) & (values <= 1)) or \
+            not np.allclose(values.sum(axis=-1), 1.0, atol=1e-4):
+        return
+    unset = getattr(module, "loss", None) is None
+    fix = "set FROM_LOGITS = False (the default loss then takes probabilities)" if unset else \
+        "give the loss from_logits=False"
+    raise ModelModuleError(f"model module {label(module)}: build_model's outputs are probabilities (each example's "
+                           f"{values.shape[-1]} sum to 1: a softmax), but the loss ({'the default, ' if unset else ''}"
+                           f"{loss_name(loss)}) takes logits and applies a softmax again; {fix}, or drop the "
+                           f"model's last softmax")
+
+
+def _label_fix(data_format: str | None, wanted: str) -> str:
+    """How to make the labels fit, by where they come from (:func:`_label_giver`): the module's own code that
+    gives them, or a label column's one number per example (then only the model's outputs can change)."""
+    giver = _label_giver(data_format)
+    if giver:
+        return f"have {giver} give labels of shape {wanted}, or change the model's outputs"
     return (f"the {data_format} files' label column (data.label) gives one number per example: change the "
             f"model's outputs")
+
+
+def _label_giver(data_format: str | None) -> str | None:
+    """The module's function that gives the labels (``data_format``: the data files' format, None for
+    ``make_dataset()``'s arrays), or None: a label column of the files."""
+    if data_format is None:
+        return "make_dataset()"
+    from . import formats
+
+    return "decode()" if formats.get(data_format).needs_decode else None
 
 
 def _loss_hint(module: ModuleType, loss, output_shape) -> str:
@@ -468,6 +527,7 @@ def check_batch(module: ModuleType, model, x, y, loss=None, data_format: str | N
                                f"the metrics need numeric labels: have decode() or make_dataset() return them as "
                                f"numbers, e.g. class ids)")
     _check_label_shape(module, loss, tuple(np.shape(y))[1:], tuple(out.shape)[1:], data_format)
+    _check_not_softmax_twice(module, loss, out)
     try:
         values = np.asarray(loss(y, out))
     except Exception as exc:
@@ -481,6 +541,7 @@ def check_batch(module: ModuleType, model, x, y, loss=None, data_format: str | N
         raise ModelModuleError(f"model module {label(module)}: the loss is not finite on {shapes} "
                                f"(labels outside what the loss accepts?){_loss_hint(module, loss, out.shape)}")
     for metric in metric_objects(module, loss):
+        _check_metric_label_shape(module, metric, tuple(np.shape(y))[1:], tuple(out.shape)[1:], data_format)
         try:
             metric.update_state(y, out)
             float(metric.result())
