@@ -239,3 +239,24 @@ def test_the_cluster_file_takes_exactly_the_registered_providers():
 
     assert set(config.PROVIDERS) == set(REGISTRY)
     assert config.json_schema()["properties"]["provider"]["enum"] == list(config.PROVIDERS)
+
+
+@pytest.mark.parametrize("subnet, derived", [("auto", True), ("10.231.77.0/24", False)])
+def test_a_local_subnet_another_network_routes_is_refused_saying_where_it_came_from(tmp_path, monkeypatch, subnet,
+                                                                                   derived):
+    """A subnet routed on this machine already (another tool's, another cluster's) is refused; one derived from the
+    cluster's name says so, and how to get another."""
+    from tfcluster.errors import ConfigError
+    from tfcluster.paths import ClusterState
+    from tfcluster.providers import local
+
+    spec = config.resolve({"cluster": "tfct-route", "network": {"subnet": subnet}})
+    taken = local.subnet_for(spec)
+    monkeypatch.setattr(local, "_routes", lambda: [(taken, "br-other")])
+    with pytest.raises(ConfigError) as err:
+        local.LocalProvider(ClusterState("tfct-route", root=tmp_path)).check(spec)
+    message = str(err.value)
+    assert f"network.subnet: got '{taken}'; allowed: a network not already routed on this machine ({taken} is on " \
+           f"br-other)" in message
+    assert ("derived from the cluster's name; another name derives another, or set network.subnet" in message) \
+        == derived

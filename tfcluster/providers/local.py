@@ -113,8 +113,10 @@ class LocalProvider(TerraformProvider):
             except ValueError:
                 continue
             if dev != own and other.overlaps(subnet):
+                derived = " (network.subnet auto: derived from the cluster's name; another name derives another, or " \
+                    "set network.subnet)" if spec.network.subnet == "auto" else ""
                 raise ConfigError("network.subnet", str(subnet),
-                                  f"a network not already routed on this machine ({net} is on {dev})")
+                                  f"a network not already routed on this machine ({net} is on {dev}){derived}")
         self._check_memory(self.options_for(spec).node_memory_mb or "")
         for role in ROLES:
             if spec.count(role):
