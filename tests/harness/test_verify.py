@@ -84,6 +84,9 @@ def test_compare_recomputed_with_published(recomputed, published, problem):
 def test_metric_lines_lead_with_the_headline():
     lines = verify.metric_lines({"test_loss": 0.25, "test_auc": 0.93456, "headline": "test_auc", "n": 4})
     assert lines == ["test auc: 0.9346", "test loss: 0.2500"]
+    lines = verify.metric_lines({"test_loss": 0.5, "test_macro_f1": 0.8, "test_top2": 0.9, "test_acc": 0.7,
+                                 "headline": "test_macro_f1", "n": 4})      # the module's order, the loss last
+    assert lines == ["test macro_f1: 0.8000", "test top2: 0.9000", "test acc: 0.7000", "test loss: 0.5000"]
 
 
 def test_cli_reports_failure(published_run, moto_endpoint, tmp_path, capsys):

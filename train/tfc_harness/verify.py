@@ -218,8 +218,10 @@ def verify_run(s3_client, bucket: str, run_prefix: str, dest_dir: str | os.PathL
 
 
 def metric_lines(metrics: dict) -> list[str]:
-    """``test <metric>: <value>`` for every figure, the headline first."""
-    keys = sorted((k for k in metrics if k.startswith("test_")), key=lambda k: (k != metrics.get("headline"), k))
+    """``test <metric>: <value>`` for every figure: the headline first, the other metrics in the module's order
+    (as ``metrics`` holds them), the loss last."""
+    keys = sorted((k for k in metrics if k.startswith("test_")),
+                  key=lambda k: (k != metrics.get("headline"), k == "test_loss"))     # (a stable sort)
     return [f"test {k.removeprefix('test_')}: {metrics[k]:.4f}" for k in keys]
 
 
