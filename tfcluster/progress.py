@@ -16,7 +16,10 @@ def progress_line(task: dict, sup: dict, eta_s: float | None, data: str | None =
     if not task:
         return f"  [{sup.get('state', 'starting')}] waiting for the chief's first report"
     step, total = task.get("step", 0), task.get("total", 0) or 1
-    parts = [f"[{task.get('phase', sup.get('state', '?'))}] step {step}/{total} ({100 * step // total}%)"]
+    phase = task.get("phase", sup.get("state", "?"))
+    if phase == "starting":     # its step is not known yet (0, or where a resumed run goes on: after its restore)
+        return f"  [starting] a run of {total} steps" + (f", restarts {sup['restarts']}" if sup.get("restarts") else "")
+    parts = [f"[{phase}] step {step}/{total} ({100 * step // total}%)"]
     if task.get("loss") is not None:
         parts.append(f"loss {task['loss']:.4f}")
     if task.get("examples_per_sec"):

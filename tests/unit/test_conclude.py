@@ -180,6 +180,17 @@ def test_the_chief_watch_prints_each_of_the_chiefs_notes_once(state, monkeypatch
     assert lines.index(f"  c-chief-0: {note}") < lines.index("  [training] step 3/10 (30%)")    # before its step
 
 
+def test_a_starting_chief_shows_no_step_yet():
+    """A resumed run's chief reports step 0 until it has restored its checkpoint: no 'step 0/3000 (0%)' before
+    'step 1300/3000'."""
+    assert progress.progress_line({"phase": "starting", "step": 0, "total": 3000}, {"state": "running"}, None) == \
+        "  [starting] a run of 3000 steps"
+    assert progress.progress_line({"phase": "starting", "step": 0, "total": 3000}, {"restarts": 2}, None) == \
+        "  [starting] a run of 3000 steps, restarts 2"
+    assert progress.progress_line({"phase": "training", "step": 1300, "total": 3000}, {}, 4.2) == \
+        "  [training] step 1300/3000 (43%), eta 4s"
+
+
 def _report(phase: str, step: int, sup: str = "running") -> dict:
     return {"supervisor": {"state": sup}, "task": {"phase": phase, "step": step, "total": 10}}
 
