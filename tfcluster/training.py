@@ -413,9 +413,9 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
         if not interrupted:
             _finish(spec, state, nodes, run, stop_chief=True)
             raise
-        say("interrupted: stopping every task and fetching logs, Ctrl-C is ignored until this is done "
-            "(checkpoints are in S3: the next 'make train' of this cluster resumes the run, after 'make up' if "
-            "the cluster is taken down meanwhile)")
+        say("interrupted: stopping every task and fetching logs, Ctrl-C is ignored until this is done (the "
+            "tasks train on until the stop reaches them; their checkpoints are in S3: the next 'make train' of "
+            "this cluster resumes the run from the newest, after 'make up' if the cluster is taken down meanwhile)")
         # a second Ctrl-C (an impatient user, a wrapper passing the signal on) must not cut the stop short:
         # the chief would train on, unattended, and publish a model no train verifies
         with ctrl_c_ignored():
