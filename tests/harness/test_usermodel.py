@@ -411,3 +411,33 @@ def test_a_loss_of_the_modules_own_or_an_unusual_keras_one_is_not_judged(tmp_pat
     usermodel._check_label_shape(module, usermodel.loss_fn(module), (3,), (1,))
     ctc = usermodel.load(_write(tmp_path, "ctc", "import keras\nloss = keras.losses.CTC()\ndef build_model(): pass\n"))
     usermodel._check_label_shape(ctc, usermodel.loss_fn(ctc), (12,), (30, 28))
+
+
+def test_accuracy_under_a_loss_of_the_modules_own_is_picked_from_the_shapes_as_keras_compile_does(tmp_path):
+    """'accuracy' with a loss Keras does not name: binary, sparse or categorical accuracy by the first batch's
+    shapes, as Model.compile picks it (an exact equality refused class ids against scores)."""
+    pytest.importorskip("keras")
+    import keras
+
+    module = usermodel.load(_write(tmp_path, "own", """
+        import keras
+        def loss(y_true, y_pred):
+            return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+        def build_model():
+            return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])
+        def metrics():
+            return ["accuracy"]
+    """))
+    model = usermodel.build_model(module, (4,))
+    usermodel.check_batch(module, model, np.zeros((2, 4), np.float32), np.array([0, 2]))
+    scores = np.array([[5.0, 0, 0], [0, 0, 5.0], [0, 5.0, 0]], np.float32)
+    for labels, want in ((np.array([0, 2, 0]), "SparseCategoricalAccuracy"),
+                         (np.eye(3, dtype=np.float32)[[0, 2, 0]], "CategoricalAccuracy")):
+        metric, = usermodel.metric_objects(module)
+        metric.update_state(labels, scores)
+        assert type(metric.chosen).__name__ == want and float(metric.result()) == pytest.approx(2 / 3)
+    binary, = usermodel.metric_objects(module)
+    binary.update_state(np.array([[1.0], [0.0]]), np.array([[0.9], [0.2]]))
+    assert type(binary.chosen).__name__ == "BinaryAccuracy" and float(binary.result()) == 1.0
+    focal = keras.losses.CategoricalFocalCrossentropy(from_logits=True)
+    assert type(usermodel._accuracy_for(focal)).__name__ == "CategoricalAccuracy"

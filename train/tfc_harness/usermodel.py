@@ -429,18 +429,54 @@ def probability_fn(loss) -> str | None:
 
 _ACCURACY_BY_LOSS = {"sparsecategoricalcrossentropy": "SparseCategoricalAccuracy",
                      "categoricalcrossentropy": "CategoricalAccuracy",
+                     "categoricalfocalcrossentropy": "CategoricalAccuracy",
                      "binarycrossentropy": "BinaryAccuracy", "binaryfocalcrossentropy": "BinaryAccuracy"}
 
 
 def _accuracy_for(loss):
-    """What ``"accuracy"`` means for this loss (as ``Model.compile`` decides it): sparse, categorical or
-    binary accuracy (threshold 0 on logits); exact equality only for other losses."""
+    """What ``"accuracy"`` means for this loss: sparse, categorical or binary accuracy (threshold 0 on logits)
+    for Keras's cross-entropies; for another loss (the module's own), what ``Model.compile`` decides from the
+    shapes at the first batch (:func:`_shape_accuracy`)."""
     import keras
 
-    kind = _ACCURACY_BY_LOSS.get(loss_name(loss).replace("_", "").lower(), "Accuracy")
+    kind = _ACCURACY_BY_LOSS.get(loss_name(loss).replace("_", "").lower())
+    if kind is None:
+        return _shape_accuracy()
     if kind == "BinaryAccuracy":
         return keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0 if probability_fn(loss) else 0.5)
     return getattr(keras.metrics, kind)(name="accuracy")
+
+
+def _shape_accuracy():
+    """``"accuracy"`` as Keras's ``compile`` picks it from the labels' and outputs' shapes: one output, binary
+    accuracy; class ids against scores, sparse categorical; else categorical (not an exact equality, which
+    refused class ids against scores and scored one-hot labels against scores as nonsense)."""
+    import keras
+
+    class ShapeAccuracy(keras.metrics.Metric):
+        def __init__(self, name="accuracy"):
+            super().__init__(name=name)
+            self.chosen = None      # the accuracy the first batch's shapes pick
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            if self.chosen is None:
+                true, pred = tuple(y_true.shape), tuple(y_pred.shape)
+                if pred[-1:] == (1,):
+                    self.chosen = keras.metrics.BinaryAccuracy(name=self.name)
+                elif len(true) < len(pred) or (true[-1:] == (1,) and pred[-1] > 1):
+                    self.chosen = keras.metrics.SparseCategoricalAccuracy(name=self.name)
+                else:
+                    self.chosen = keras.metrics.CategoricalAccuracy(name=self.name)
+            self.chosen.update_state(y_true, y_pred, sample_weight)
+
+        def result(self):
+            return self.chosen.result() if self.chosen is not None else 0.0
+
+        def reset_state(self):
+            if self.chosen is not None:
+                self.chosen.reset_state()
+
+    return ShapeAccuracy()
 
 
 def metric_objects(module: ModuleType, loss=None) -> list:
