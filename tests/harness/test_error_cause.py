@@ -20,6 +20,14 @@ USER_CODE = ("in user code:\n\n    File \"/x/job.py\", line 3, in decode  *\n   
      "Received a label value of 1"),
     ("checkpoint step 7400 is beyond steps=3000\nmore", "checkpoint step 7400 is beyond steps=3000"),
     ("", ""),
+    # a multi-line error in traced code: its first line, not its last
+    ("in user code:\n\n    File \"/x/job.py\", line 3, in decode  *\n        raise ValueError()\n\n"
+     "    ValueError: label 7 is not a class\n  expected ids in 0..6", "ValueError: label 7 is not a class"),
+    # several tasks' errors: the first's cause, without its code
+    ("Graph execution error:\n\nDetected at node x defined at (most recent call last):\n  File \"a.py\"\n"
+     "2 root error(s) found.\n  (0) INVALID_ARGUMENT: Input to reshape is a tensor with 225 values\n"
+     "\t [[{{node Reshape}}]]\n  (1) INVALID_ARGUMENT: the same\n0 successful operations.",
+     "Input to reshape is a tensor with 225 values"),
 ])
 def test_the_cause_of_an_error_is_one_line_without_tensorflows_frames(message, line):
     assert cause(message) == line
@@ -38,3 +46,29 @@ def test_a_real_input_pipeline_error_gives_its_cause():
         step(iter(data))
     assert str(err.value).startswith("Graph execution error:")
     assert cause(str(err.value)) == "Input to reshape is a tensor with 225 values, but the requested shape has 256"
+
+
+def test_a_keras_layer_error_gives_its_cause_eager_or_traced():
+    """Keras wraps an error inside a layer's call between 'Exception encountered when calling' and the call's
+    arguments: the cause is in between, whether the model runs eagerly or in a traced step."""
+    pytest.importorskip("keras")
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from tfc_harness.errors import described
+
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])
+    wrong = np.zeros((2, 5), np.float32)
+    with pytest.raises(Exception) as eager:
+        model(wrong)
+
+    @tf.function
+    def step(x):
+        return model(x)
+
+    with pytest.raises(Exception) as traced:
+        step(wrong)
+    for err in (eager.value, traced.value):
+        line = cause(str(err))
+        assert "of layer 'dense' is incompatible" in line and "received input with shape (2, 5)" in line, line
+        assert described(err).count("Error:") == 1, described(err)

@@ -35,7 +35,7 @@ from types import ModuleType
 
 from . import evaluate as evaluation
 from . import inputs, loop, preemption, publish, s3io, unpublished, usermodel, watchdogs
-from .errors import HarnessError, cause
+from .errors import HarnessError, described
 from .peers import PeerMonitor
 from .saver import Saver
 from .settings import Settings
@@ -88,7 +88,7 @@ def run(settings: Settings, strategy: Strategy) -> int:
         return preemption.PREEMPTED_EXIT_CODE
     except Exception as exc:
         phase, msg = state.phase, f"{type(exc).__name__}: {exc}"
-        state.report("failed", error=f"{type(exc).__name__}: {cause(str(exc))}")   # (the log has all of it)
+        state.report("failed", error=described(exc))   # one line (the log has all of it)
         who = "chief" if settings.role == "chief" else f"{settings.role} {settings.index}"   # (every mirrored task)
         print(f"ERROR: {who} failed in phase {phase!r}: {msg}", file=sys.stderr, flush=True)
         summaries.upload(tries=FAILURE_UPLOAD_TRIES)   # best effort, after the error is out

@@ -21,25 +21,46 @@ class ModelModuleError(HarnessError):
 
 
 #: TensorFlow's lines around an op error's cause: the graph's headline, where the op was defined and its stack,
-#: the failing nodes (``\t [[{{node Reshape}}]]``, indented like the stack), a traced function's headline
+#: the failing nodes (``\t [[{{node Reshape}}]]``, indented like the stack)
 _TF_FRAME = re.compile(r"^(\s|Graph execution error:|Detected at node|<stack traces unavailable>)")
 #: TensorFlow's names inside a cause line: graph functions, ops
 _TF_NAMES = re.compile(r"\{\{function_node [^}]*\}\}|\s*\[Op:[^\]]*\](\s*name:\s*\S*)?")
+#: several tasks' or devices' errors at once (``2 root error(s) found.``), each then ``  (k) CODE: cause``
+_ROOT_ERRORS = re.compile(r"^\d+ root error\(s\) found")
+_ROOT_CAUSE = re.compile(r"^\s*\(\d+\)\s*[A-Z_]+:\s*")
+#: a Python error's line: ``ValueError: ...``
+_PY_ERROR = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Exhausted|Exit|Interrupt):")
+#: Keras's wrapper of an error inside a layer's call: the cause is between these
+_KERAS_HEAD, _KERAS_ARGS = "Exception encountered when calling", "Arguments received by"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def cause(message: str) -> str:
-    """The line of an error's message that says what went wrong. A TensorFlow op error (``Graph execution
-    error:``, where it was defined, its stack, then the cause, then the failing nodes) gives its cause, without
-    graph-function and op names: ``Input to reshape is a tensor with 225 values, but the requested shape has
-    256``; an error in traced user code (``in user code:``, its stack, then the error) its last line; another
-    message its first line."""
-    lines = [ln for ln in message.strip().splitlines() if ln.strip()]
+    """The line of an error's message that says what went wrong, without TensorFlow's graph-function and op
+    names: a TensorFlow op error's cause (after ``Graph execution error:``, where the op was defined and its
+    stack: ``Input to reshape is a tensor with 225 values, but the requested shape has 256``), the first of
+    several root errors', an error in traced user code (``in user code:``, its stack, then the error: the
+    error's first line), the cause Keras wraps in ``Exception encountered when calling ...``; another message's
+    first line."""
+    lines = [ln for ln in _ANSI.sub("", message).strip().splitlines() if ln.strip()]
+    head = next((i for i, ln in enumerate(lines) if _KERAS_HEAD in ln), None)
+    if head is not None:
+        end = next((i for i, ln in enumerate(lines) if i > head and ln.strip().startswith(_KERAS_ARGS)), len(lines))
+        lines = lines[head + 1:end] or lines
     if not lines:
         return ""
     if lines[0].rstrip(": ").endswith("in user code"):
-        line = lines[-1]
+        line = next((ln for ln in lines[1:] if _PY_ERROR.match(ln)), lines[-1])
     elif _TF_FRAME.match(lines[0]):
         line = next((ln for ln in lines if not _TF_FRAME.match(ln)), lines[0])
     else:
         line = lines[0]
+    if _ROOT_ERRORS.match(line.strip()):
+        line = next((_ROOT_CAUSE.sub("", ln) for ln in lines if _ROOT_CAUSE.match(ln)), line)
     return _TF_NAMES.sub("", line.strip()).strip()
+
+
+def described(exc: BaseException) -> str:
+    """``<type>: <cause>`` of an exception (:func:`cause`), the type once when the cause names one already."""
+    line = cause(str(exc))
+    return line if _PY_ERROR.match(line) else f"{type(exc).__name__}: {line}"
