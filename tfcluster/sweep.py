@@ -34,6 +34,7 @@ from .cluster import say
 from .config import RunSpec
 from .errors import Busy, TfclusterError
 from .paths import ClusterState, artifacts_root, held_alone
+from .providers import get_provider
 from .runrecord import RunState
 from .sweepfile import Sweep, load, params_text, sweep_name, trial_spec
 
@@ -90,6 +91,7 @@ def check_groups(spec: RunSpec, parallel: int, checked_already: str = "") -> tup
     (``checked_already``: a cluster whose checks the caller ran). Returns the configurations and, for each
     group not up, the provider its checks returned. Creates nothing."""
     specs = [groups.spec_for(spec, k) for k in range(parallel)]
+    get_provider(spec.provider, ClusterState(spec.cluster)).check_groups(specs)
     missing = [s for s in specs if not ClusterState(s.cluster).nodes.exists()]
     for s in specs:     # the groups that are up: the same shape as the new ones (a trial runs on any of them)
         lifecycle.check_fits_the_cluster_up(s, ClusterState(s.cluster))

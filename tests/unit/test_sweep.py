@@ -321,3 +321,18 @@ def test_a_trials_playbook_progress_goes_to_its_log_only_and_its_failures_to_the
         scheduler._show("[t00 exp]", line, log)
     assert capsys.readouterr().out.splitlines() == [
         "[t00 exp]     exp-chief-0                : ok=3    changed=0    unreachable=1    failed=0"]
+
+
+def test_local_groups_whose_names_derive_the_same_subnet_are_refused_before_any_is_created(tmp_path, monkeypatch):
+    """run95 and run95-g1 both derive 10.231.25.0/24: each group's own check passes while neither is up, and the
+    second bridge would take a network in use."""
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
+    monkeypatch.setattr(sweep.lifecycle, "preflight", lambda s: pytest.fail("checked a group past the collision"))
+    base = config.resolve({"cluster": "run95"})
+    with pytest.raises(ConfigError, match=r"network.subnet: got 'auto'; allowed: a subnet for each group of the "
+                                          r"sweep: groups run95 and run95-g1 would both take 10.231.25.0/24"):
+        sweep.check_groups(base, 2)
+    given = config.resolve({"cluster": "run95", "network": {"subnet": "10.231.25.0/24"}})
+    monkeypatch.setattr(sweep.lifecycle, "preflight", lambda s: ("p", {}))
+    specs, _ = sweep.check_groups(given, 2)      # a given subnet: the groups take the next ones
+    assert [s.network.subnet for s in specs] == ["10.231.25.0/24", "10.231.26.0/24"]

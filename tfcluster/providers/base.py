@@ -176,6 +176,12 @@ class Provider(ABC):
                                   f"0 on the {cls.name} provider ({cls.unsupported['gpus']})")
 
     @classmethod
+    def check_groups(cls, specs: list[RunSpec]) -> None:
+        """A sweep's groups (a cluster each, :func:`tfcluster.groups.spec_for`) can stand side by side:
+        ConfigError naming the field. Nothing to check where each cluster gets a network of its own."""
+        return None
+
+    @classmethod
     def uses_cloud_nodes(cls, spec: RunSpec) -> bool:
         """Whether the nodes (and so their storage) are off this machine (:attr:`RunSpec.uses_cloud_nodes`)."""
         return True

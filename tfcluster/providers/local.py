@@ -93,6 +93,19 @@ class LocalProvider(TerraformProvider):
     def uses_cloud_nodes(cls, spec: RunSpec) -> bool:
         return False
 
+    @classmethod
+    def check_groups(cls, specs: list[RunSpec]) -> None:
+        """Each group's bridge takes its subnet: two groups whose names derive overlapping subnets (``auto``)
+        cannot both be up (each one's check alone passes while neither is)."""
+        nets = [(s.cluster, ipaddress.ip_network(subnet_for(s))) for s in specs]
+        for i, (name, net) in enumerate(nets):
+            other = next((o for o, n in nets[:i] if n.overlaps(net)), None)
+            if other:
+                raise ConfigError("network.subnet", specs[0].network.subnet,
+                                  f"a subnet for each group of the sweep: groups {other} and {name} would both "
+                                  f"take {net} (derived from their names); set network.subnet (the groups then "
+                                  f"take the next ones), or another cluster name")
+
     def check(self, spec: RunSpec) -> None:
         super().check(spec)
         endpoint = spec.storage.endpoint
