@@ -282,6 +282,11 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
      "def metrics():\n    return [keras.metrics.SparseTopKCategoricalAccuracy(k=2, name='top2')]\n",
      np.eye(3)[[0, 2]], "metric 'top2' (SparseTopKCategoricalAccuracy) wants labels of shape () (a class id each) per "
                         "example, not (3,): it would score nonsense without an error; use TopKCategoricalAccuracy"),
+    # several outputs: one tensor is what the loss, the metrics and the export take
+    ("import keras\ndef build_model():\n    x = keras.Input(shape=(4,))\n"
+     "    return keras.Model(x, [keras.layers.Dense(3)(x), keras.layers.Dense(1)(x)])\n",
+     np.array([0, 2]), "build_model() returned a model with several outputs (list of 2); tfcluster trains a model "
+                       "with one output tensor"),
     # labels decoded as strings
     (MULTICLASS, np.array([b"0", b"1"]), "the labels are text (b'0', ...), not numbers (the loss and the metrics "
                                          "need numeric labels"),

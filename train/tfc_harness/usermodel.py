@@ -553,6 +553,9 @@ def check_batch(module: ModuleType, model, x, y, loss=None, data_format: str | N
                    f"{tuple(x.shape)[1:]} per example (what decode() or make_dataset() gives, or the CSV's columns "
                    f"but the label; a batch {tuple(x.shape)}): "
                    f"{type(exc).__name__}: {reason(exc)}") from exc
+    if not hasattr(out, "shape"):     # a list or dict of outputs: the loss, metrics and export take one tensor
+        raise fail(module, "build_model", f"returned a model with several outputs ({type(out).__name__} of "
+                   f"{len(out)}); tfcluster trains a model with one output tensor")
     shapes = f"labels of shape {tuple(np.shape(y))} and model outputs of shape {tuple(out.shape)}"
     labels = np.asarray(y)
     if labels.dtype.kind not in "biuf":      # bool, integers, floats
