@@ -57,7 +57,7 @@ def test_a_keras_layer_error_gives_its_cause_eager_or_traced():
     import tensorflow as tf
     from tfc_harness.errors import described
 
-    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3, name="dense")])
     wrong = np.zeros((2, 5), np.float32)
     with pytest.raises(Exception) as eager:
         model(wrong)
