@@ -54,9 +54,7 @@ def sweep_lines(spec: RunSpec, sweep: Sweep) -> list[str]:
     """The sweep's ranking, its groups of nodes (each one of the plan above) and its trials."""
     names = [groups.spec_for(spec, k).cluster for k in range(sweep.parallel)]
     up = [n for n in names if ClusterState(n).nodes.exists()]
-    lines = [f"{sweep.name} ({sweep.path}): {len(sweep.trials)} trials ({sweep.method}), "
-             f"{'maximizing' if sweep.direction == 'maximize' else 'minimizing'} "
-             f"{sweep.metric.removeprefix('test_')}",
+    lines = [f"{sweep.name} ({sweep.path}): {len(sweep.trials)} trials ({sweep.method}), {sweep.goal}",
              f"{sweep.parallel} at once, on groups {', '.join(names)}: each a cluster of its own (its own subnet and "
              f"addresses) with the nodes above"
              + (f" ({', '.join(up)} up already)" if up else "")]

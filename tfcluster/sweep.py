@@ -345,8 +345,7 @@ def run(spec: RunSpec, sweep: Sweep) -> int:
 def _run(spec: RunSpec, sweep: Sweep) -> int:
     record = Record(spec, sweep)
     done = [t for t in record.trials() if t.get("state") == "verified"]
-    say(f"sweep {sweep.name}: {len(sweep.trials)} trials ({sweep.method}), {sweep.parallel} at once, "
-        f"{'maximizing' if sweep.direction == 'maximize' else 'minimizing'} {sweep.metric.removeprefix('test_')}"
+    say(f"sweep {sweep.name}: {len(sweep.trials)} trials ({sweep.method}), {sweep.parallel} at once, {sweep.goal}"
         + (f"; {len(done)} already verified, skipped" if done else ""))
     specs = ensure_groups(spec, sweep.parallel)
     record.save()

@@ -57,6 +57,11 @@ class Sweep:
     count: int = 0               # random: how many trials
     trials: list[dict] = field(default_factory=list)   # {"id", "key", "params"}
 
+    @property
+    def goal(self) -> str:
+        """``maximizing auc``: what the ranking of the trials seeks."""
+        return f"{'maximizing' if self.direction == 'maximize' else 'minimizing'} {self.metric.removeprefix('test_')}"
+
 
 # -- the sweep file ----------------------------------------------------------------------------------------
 def _fail(sweep_path: Path, key: str, value, allowed: str):
