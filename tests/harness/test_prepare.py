@@ -213,12 +213,14 @@ def test_module_arrays_are_stored_only_after_the_model_works_on_them(store, tmp_
 
 
 def test_tensorflow_noise_is_taken_out_of_messages():
+    from tfc_harness.errors import cause
+
     noisy = ValueError("{{function_node __wrapped__IteratorGetNext}} Expect 3 fields but have 1 in record "
                        "[Op:IteratorGetNext] name: ")
-    assert prepare._first_line(noisy) == "Expect 3 fields but have 1 in record"
+    assert cause(str(noisy)) == "Expect 3 fields but have 1 in record"
     traced = ValueError("in user code:\n\n  File \"job.py\", line 7, in decode\n\n"
                         "AttributeError: 'SymbolicTensor' object has no attribute 'numpy'")
-    assert prepare._first_line(traced) == "AttributeError: 'SymbolicTensor' object has no attribute 'numpy'"
+    assert cause(str(traced)) == "AttributeError: 'SymbolicTensor' object has no attribute 'numpy'"
 
 
 ARRAYS_MODEL = """

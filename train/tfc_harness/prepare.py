@@ -486,16 +486,17 @@ def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, f
             raise
         except ValueError as exc:
             if "decode(record)" not in str(exc):
-                raise DataError(f"{where}: {_first_line(exc)}") from None
+                raise DataError(f"{where}: {cause(str(exc))}") from None
             raise ModelModuleError(f"model module {usermodel.label(module)}: decode() returns the wrong "
-                                   f"structure: {_first_line(exc)}") from None
+                                   f"structure: {cause(str(exc))}") from None
         except Exception as exc:
-            own = _ASSERTED.search(_first_line(exc))
+            line = cause(str(exc))
+            own = _ASSERTED.search(line)
             if own and own.group(1).startswith(f"{path}: "):    # the CSV reader's check of a cell
                 raise DataError(where + own.group(1).removeprefix(str(path))) from None
             what = formats.get(settings_data["format"]).parsing
             raise DataError(f"{where}: reading its first records with {what} failed: "
-                            f"{type(exc).__name__}: {_first_line(exc)}") from None
+                            f"{type(exc).__name__}: {line}") from None
     if batch is None:
         raise DataError(f"{where} holds no examples")
     return batch[0].numpy(), batch[1].numpy()
@@ -504,10 +505,6 @@ def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, f
 #: a failed ``tf.debugging.Assert``'s message in TensorFlow's error
 _ASSERTED = re.compile(r"assertion failed: \[(.*)\]$")
 
-
-def _first_line(exc: Exception) -> str:
-    """TensorFlow's message without its noise (:func:`tfc_harness.errors.cause`)."""
-    return cause(str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:
