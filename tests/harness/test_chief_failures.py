@@ -8,11 +8,12 @@ import socket
 import subprocess
 import sys
 import textwrap
+import urllib.error
 
 import pytest
 from harness_support import TRAIN_DIR, example_settings, free_port, node_env, render_entry
 from tfc_harness import data, peers, watchdogs
-from tfc_harness.errors import HarnessError
+from tfc_harness.errors import FINAL_EXIT_CODE, FinalError, HarnessError, ModelModuleError, is_final
 
 
 def test_wait_for_peers_returns_when_all_listen():
@@ -45,24 +46,60 @@ def test_watchdog_fails_the_chief_after_max_runtime(tmp_path):
     assert status["phase"] == "failed" and "max_runtime_s=1 exceeded" in status["error"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
-def test_chief_without_peers_exits_with_a_clear_error(s3_client, moto_endpoint, tmp_path):
-    s3_client.create_bucket(Bucket="lonely")
-    dataset = data.ensure_dataset(s3_client, "lonely", "datasets/digits", "digits")["prefix"]
+def run_chief_alone(tmp_path, moto_endpoint, bucket, run, dataset_prefix, max_runtime_s):
+    """A chief's process whose ps and worker never start (free ports): its result and the cluster it had."""
     cluster = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}"],
                "chief": [f"127.0.0.1:{free_port()}"]}
     settings = example_settings(
-        state_dir=str(tmp_path / "chief"), max_runtime_s=15,
+        state_dir=str(tmp_path / "chief"), max_runtime_s=max_runtime_s,
         tf_config={"cluster": cluster, "task": {"type": "chief", "index": 0}},
-        s3={"endpoint": moto_endpoint, "region": "us-east-1", "bucket": "lonely", "run_prefix": "runs/l/1",
-            "checkpoint_prefix": "runs/l/ckpt", "dataset_prefix": dataset})
+        s3={"endpoint": moto_endpoint, "region": "us-east-1", "bucket": bucket, "run_prefix": f"runs/{run}/1",
+            "checkpoint_prefix": f"runs/{run}/ckpt", "dataset_prefix": dataset_prefix})
     script = tmp_path / "entry.py"
     script.write_text(render_entry(TRAIN_DIR, settings))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90,
                           env=node_env(), cwd=tmp_path)
+    return proc, cluster
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
+def test_chief_without_peers_exits_with_a_clear_error(s3_client, moto_endpoint, tmp_path):
+    s3_client.create_bucket(Bucket="lonely")
+    dataset = data.ensure_dataset(s3_client, "lonely", "datasets/digits", "digits")["prefix"]
+    proc, cluster = run_chief_alone(tmp_path, moto_endpoint, "lonely", "l", dataset, max_runtime_s=15)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "ERROR: chief failed in phase 'starting': HarnessError: peers not reachable" in proc.stderr
     assert f"ps/0 ({cluster['ps'][0]})" in proc.stderr and f"worker/0 ({cluster['worker'][0]})" in proc.stderr
     assert "testing" not in proc.stdout + proc.stderr        # credentials never printed
     status = json.loads((tmp_path / "chief" / "status.json").read_text())
     assert status["phase"] == "failed" and "peers not reachable" in status["error"]
+
+
+def test_a_failure_a_restart_would_repeat_is_final_unless_the_user_s_code_read_a_file_or_the_network():
+    def raised(inner):
+        try:
+            try:
+                raise inner
+            except Exception as exc:
+                raise ModelModuleError(f"model module m.py: build_model() raised {exc!r}") from exc
+        except ModelModuleError as exc:
+            return exc
+
+    assert is_final(raised(ValueError("bad shape")))
+    assert not is_final(raised(ConnectionError("connection refused")))
+    assert not is_final(raised(urllib.error.URLError("no route")))      # an OSError
+    assert is_final(FinalError("s3://b/runs/1/_SUCCESS exists"))
+    assert not is_final(HarnessError("peers not reachable after 120s: ps/0"))
+    assert not is_final(RuntimeError("InvalidArgumentError"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")
+def test_a_chief_refusing_a_published_run_exits_with_the_code_its_supervisor_does_not_restart(
+        s3_client, moto_endpoint, tmp_path):
+    s3_client.create_bucket(Bucket="done")
+    s3_client.put_object(Bucket="done", Key="runs/d/1/_SUCCESS", Body=b"")
+    proc, _ = run_chief_alone(tmp_path, moto_endpoint, "done", "d", "datasets/none", max_runtime_s=60)
+    assert proc.returncode == FINAL_EXIT_CODE == 6, proc.stdout + proc.stderr
+    assert "ERROR: chief failed in phase 'starting': FinalError: s3://done/runs/d/1/_SUCCESS exists" in proc.stderr
+    status = json.loads((tmp_path / "chief" / "status.json").read_text())
+    assert status["phase"] == "failed" and "already published" in status["error"]

@@ -94,6 +94,18 @@ def test_a_failed_run_names_the_chiefs_own_error(state, monkeypatch):
         training._conclude(None, state, NODES, {"run_id": "r1", "state": "started"}, final)
 
 
+def test_a_failed_run_says_why_its_chief_was_not_restarted(state, monkeypatch):
+    monkeypatch.setattr(training, "stop_serving_and_fetch_logs", lambda *a, **kw: True)
+    final = {"supervisor": {"state": "failed", "exit_code": 6, "restarts": 0,
+                            "why": "a restart would fail the same way"},
+             "task": {"phase": "failed", "error": "ModelModuleError: model module m.py: build_model() raised "
+                                                  "ValueError: no"}}
+    with pytest.raises(TfclusterError, match=r"^training failed: the chief's task ended 'failed' \(exit 6, "
+                       r"restarts 0; not restarted: a restart would fail the same way\): ModelModuleError: model "
+                       r"module m.py: build_model\(\) raised ValueError: no; logs in "):
+        training._conclude(None, state, NODES, {"run_id": "r1", "state": "started"}, final)
+
+
 def test_a_long_error_of_the_chief_is_cut_to_its_first_line(state, monkeypatch):
     monkeypatch.setattr(training, "stop_serving_and_fetch_logs", lambda *a, **kw: True)
     final = {"supervisor": {"state": "failed", "exit_code": 1},

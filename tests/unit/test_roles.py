@@ -79,6 +79,42 @@ def test_supervisor_restarts_with_bounded_tries_and_env_file(tmp_path):
     assert "s3cr3t" not in log
 
 
+def test_a_task_exiting_6_is_not_restarted_and_the_state_says_why(tmp_path):
+    d = tmp_path / "task"
+    _sup("start", "--dir", str(d), "--max-restarts", "3", "--", "/bin/sh", "-c", "echo tried; exit 6")
+    st = _wait_state(d, ("failed",))
+    assert (st["restarts"], st["exit_code"], st["why"]) == (0, 6, "a restart would fail the same way"), st
+    log = (d / "node.log").read_text()
+    assert log.splitlines().count("tried") == 1 and "not restarted: a restart would fail the same way" in log
+
+
+#: a task that records an error in its status.json, as the harness does, and fails: the error's text is $1, its
+#: directory $2
+RECORDS_ERROR = """printf '{"phase": "failed", "error": "%s"}' "$1" > "$2/status.json"; exit 1"""
+
+
+def test_a_task_failing_twice_with_the_same_recorded_error_is_not_restarted_again(tmp_path):
+    same = tmp_path / "same"
+    _sup("start", "--dir", str(same), "--max-restarts", "3", "--", "/bin/sh", "-c", RECORDS_ERROR, "sh",
+         "InvalidArgumentError: Field 2 in record 5 is not a valid float", str(same))
+    st = _wait_state(same, ("failed",))
+    assert (st["restarts"], st["exit_code"]) == (1, 1), st
+    assert st["why"] == "it failed with the same error as on its last try", st
+    # another error each try, or none recorded (a crash before the harness wrote its status): every restart
+    differs = tmp_path / "differs"
+    _sup("start", "--dir", str(differs), "--max-restarts", "2", "--",
+         "/bin/sh", "-c", 'echo x >> "$2/tries"; n=$(wc -l < "$2/tries"); ' + RECORDS_ERROR.replace('"$1"', '"try $n"'),
+         "sh", "", str(differs))
+    st = _wait_state(differs, ("failed",))
+    assert (st["restarts"], "why" in st) == (2, False), st
+    silent = tmp_path / "silent"
+    silent.mkdir()
+    (silent / "status.json").write_text('{"phase": "failed", "error": "from an earlier run"}')
+    _sup("start", "--dir", str(silent), "--max-restarts", "2", "--", "/bin/sh", "-c", "exit 1")
+    st = _wait_state(silent, ("failed",))
+    assert (st["restarts"], "why" in st) == (2, False), st
+
+
 def test_supervisor_start_is_idempotent_and_stop_ends_the_task(tmp_path):
     d = tmp_path / "task"
     assert _sup("start", "--dir", str(d), "--", "sleep", "300").stdout.startswith("started")

@@ -21,7 +21,8 @@ S3 with each checkpoint, before publishing and when the run fails (:mod:`tfc_har
 
 A runtime watchdog ends the process with exit code 3 once ``max_runtime_s`` has passed, whatever it is
 blocked on; any other failure is reported in status.json, the summaries so far are copied to S3, and it
-ends with exit code 1.
+ends with exit code 6 when a restart would fail the same way (:func:`tfc_harness.errors.is_final`: its
+supervisor does not restart it), else 1.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from types import ModuleType
 
 from . import evaluate as evaluation
 from . import inputs, loop, preemption, publish, s3io, unpublished, usermodel, watchdogs
-from .errors import HarnessError, described
+from .errors import FINAL_EXIT_CODE, FinalError, described, is_final
 from .peers import PeerMonitor
 from .saver import Saver
 from .settings import Settings
@@ -74,7 +75,8 @@ class Job:
 def run(settings: Settings, strategy: Strategy) -> int:
     """Train; the chief then evaluates and publishes.  Returns 0 only after training (and, on the chief,
     ``_SUCCESS``) was written, :data:`tfc_harness.preemption.PREEMPTED_EXIT_CODE` after saving the step reached
-    on a preemption notice, 1 on failure."""
+    on a preemption notice, :data:`tfc_harness.errors.FINAL_EXIT_CODE` on a failure a restart would repeat, 1 on
+    another failure."""
     state = ChiefState(settings.state_dir, settings.steps, role=settings.role)
     watchdog = watchdogs.start_runtime_watchdog(state, settings.max_runtime_s, settings.steps)
     started = time.monotonic()
@@ -92,7 +94,7 @@ def run(settings: Settings, strategy: Strategy) -> int:
         who = "chief" if settings.role == "chief" else f"{settings.role} {settings.index}"   # (every mirrored task)
         print(f"ERROR: {who} failed in phase {phase!r}: {msg}", file=sys.stderr, flush=True)
         summaries.upload(tries=FAILURE_UPLOAD_TRIES)   # best effort, after the error is out
-        return 1
+        return FINAL_EXIT_CODE if is_final(exc) else 1
     finally:
         watchdog.cancel()
 
@@ -193,7 +195,7 @@ def refuse_published(client, settings: Settings) -> None:
     """A run is published once; training again under the same run_id would overwrite it."""
     s3 = settings.s3
     if publish.published(client, s3.bucket, s3.run_prefix):
-        raise HarnessError(f"s3://{s3.bucket}/{s3.run_prefix}/{publish.SUCCESS} exists: this run was "
+        raise FinalError(f"s3://{s3.bucket}/{s3.run_prefix}/{publish.SUCCESS} exists: this run was "
                            "already published; use a new run_id")
 
 

@@ -8,12 +8,34 @@ from __future__ import annotations
 
 import re
 
+#: the exit code of a task whose failure a restart would repeat: its supervisor (``tfc-supervise``, which keeps
+#: its own copy of the number) records it failed at once instead of restarting it
+FINAL_EXIT_CODE = 6
+
 
 class HarnessError(RuntimeError):
     """A failure with a message meant for the operator."""
 
 
-class ModelModuleError(HarnessError):
+class FinalError(HarnessError):
+    """A failure a restart of the task would repeat: the run is already published, its checkpoint is past its
+    steps, the user's module fails (:func:`is_final` keeps a module's network or file error restartable)."""
+
+
+def is_final(exc: BaseException) -> bool:
+    """Whether a restart of the task would fail the same way: a :class:`FinalError` not caused by an
+    ``OSError`` (the user's code reading a file or the network: that may work on the next try)."""
+    if not isinstance(exc, FinalError):
+        return False
+    inner = exc.__cause__
+    while inner is not None:
+        if isinstance(inner, OSError):
+            return False
+        inner = inner.__cause__
+    return True
+
+
+class ModelModuleError(FinalError):
     """The user's model module cannot be found, lacks part of the interface, or one of its functions failed
     or returned something unusable.  The message names the module's file and the function, e.g.
     ``model module mymodel.py: make_dataset() returned y with float64 values in the 'train' split; ...``.

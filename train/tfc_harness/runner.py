@@ -64,8 +64,9 @@ def serve(strategy: strategies.Strategy) -> int:
 
 def main(raw_settings: dict) -> int:
     """Run this node's part; returns the process exit code (0 success, 1 failure, 2 bad settings,
-    3 chief timeout, 4 chief stalled, 5 preempted after saving).  Serving tasks only return on failure: they
-    serve until killed (SIGINT, SIGKILL; SIGTERM and SIGUSR1 are a preemption notice)."""
+    3 chief timeout, 4 chief stalled, 5 preempted after saving, 6 a failure a restart would repeat).
+    Serving tasks only return on failure: they serve until killed (SIGINT, SIGKILL; SIGTERM and SIGUSR1 are a
+    preemption notice)."""
     os.environ.update(TF_ENV)
     preemption.listen()
     try:

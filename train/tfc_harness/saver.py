@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 
 from . import checkpoints, unpublished
-from .errors import HarnessError
+from .errors import FinalError
 
 
 def log(msg: str) -> None:
@@ -51,7 +51,7 @@ class Saver:
             latest = checkpoints.download_latest(self.client, s3.bucket, s3.checkpoint_prefix, self.directory)
             step = self._restore_from(str(latest[1]), "") if latest else 0
         if step > self.settings.steps:
-            raise HarnessError(f"checkpoint step {step} is beyond steps={self.settings.steps}")
+            raise FinalError(f"checkpoint step {step} is beyond steps={self.settings.steps}")
         return step
 
     def save(self, step: int) -> None:
