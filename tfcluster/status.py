@@ -30,8 +30,10 @@ def task_states(state: ClusterState, nodes: list[Node]) -> dict[str, str]:
             continue
         sup, task = got.get("supervisor") or {}, got.get("task") or {}
         text = sup.get("state", "idle")
-        if sup.get("restarts"):
-            text += f" (restarts {sup['restarts']})"
+        restarts = ([f"restarts {sup['restarts']}"] if sup.get("restarts") else []) + \
+            ([f"not restarted: {sup['why']}"] if sup.get("why") else [])
+        if restarts:
+            text += f" ({'; '.join(restarts)})"
         if n.role == "chief" and task:
             text += f", {task.get('phase', '?')} step {task.get('step', 0)}/{task.get('total', 0)}"
             if task.get("examples_per_sec"):
