@@ -57,6 +57,18 @@ _KERAS_HEAD, _KERAS_ARGS = "Exception encountered when calling", "Arguments rece
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def message_lines(message: str) -> list[str]:
+    """An error message's non-blank lines (their indentation kept), without terminal colours and without Keras's
+    wrapper of an error inside a layer's call ("Exception encountered when calling Sequential.call()." first,
+    "Arguments received by ..." and each argument last): only the cause between them is kept."""
+    lines = [ln for ln in _ANSI.sub("", message).strip().splitlines() if ln.strip()]
+    head = next((i for i, ln in enumerate(lines) if _KERAS_HEAD in ln), None)
+    if head is None:
+        return lines
+    end = next((i for i, ln in enumerate(lines) if i > head and ln.strip().startswith(_KERAS_ARGS)), len(lines))
+    return lines[head + 1:end] or lines[head:head + 1]
+
+
 def cause(message: str) -> str:
     """The line of an error's message that says what went wrong, without TensorFlow's graph-function and op
     names: a TensorFlow op error's cause (after ``Graph execution error:``, where the op was defined and its
@@ -64,11 +76,7 @@ def cause(message: str) -> str:
     several root errors', an error in traced user code (``in user code:``, its stack, then the error: the
     error's first line), the cause Keras wraps in ``Exception encountered when calling ...``; another message's
     first line."""
-    lines = [ln for ln in _ANSI.sub("", message).strip().splitlines() if ln.strip()]
-    head = next((i for i, ln in enumerate(lines) if _KERAS_HEAD in ln), None)
-    if head is not None:
-        end = next((i for i, ln in enumerate(lines) if i > head and ln.strip().startswith(_KERAS_ARGS)), len(lines))
-        lines = lines[head + 1:end] or lines
+    lines = message_lines(message)
     if not lines:
         return ""
     if lines[0].rstrip(": ").endswith("in user code"):

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import ModelModuleError
+from .errors import ModelModuleError, message_lines
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -512,11 +512,9 @@ def metric_objects(module: ModuleType, loss=None) -> list:
     return out
 
 
-#: Keras's text styling in its messages
 #: a printed array (its numbers, brackets and separators) as long as a line or more
 _ARRAY = re.compile(r"\[[\[\]\s\d.eE+\-,]{60,}\]")
 REASON_CHARS = 600          # a reason longer than this is cut
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 #: the end of an eager op's error in TensorFlow: the op's name, empty
@@ -524,14 +522,10 @@ _NO_OP_NAME = re.compile(r"\s+name:\s*$")
 
 
 def reason(exc: Exception) -> str:
-    """An exception's message on one line.  Keras wraps an error inside a layer's call in lines of its own
-    ("Exception encountered when calling Sequential.call()." first, "Arguments received by ..." and each
-    argument last): only what is between them, the cause, is kept."""
-    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
-    if lines and lines[0].startswith("Exception encountered when calling"):
-        cut = next((i for i, ln in enumerate(lines) if ln.startswith("Arguments received by")), len(lines))
-        lines = lines[1:cut] or lines[:1]
-    text = _ARRAY.sub("[...]", " ".join(lines))     # the batch's numbers, which Keras puts in some messages
+    """An exception's message on one line: the cause inside Keras's wrapper of a layer's call
+    (:func:`tfc_harness.errors.message_lines`)."""
+    text = " ".join(ln.strip() for ln in message_lines(str(exc)))
+    text = _ARRAY.sub("[...]", text)     # the batch's numbers, which Keras puts in some messages
     text = _NO_OP_NAME.sub("", text)
     return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
 
