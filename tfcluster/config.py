@@ -388,7 +388,7 @@ class Training(Section):
         0.002, description="optimizer learning rate")
     max_restarts: Int(0, 100) = Field(3, description="restarts of a crashed task (with back-off) before the "
                                                      "run fails; none for a failure a restart would repeat, nor "
-                                                     "after the same error twice in a row")
+                                                     "after the same error at the same step twice in a row")
     stall_timeout_seconds: Int(10, 86400) = Field(
         90, description="no training step for this long restarts the chief from its checkpoint")
     start_timeout_seconds: Int(5, 86400) = Field(

@@ -458,9 +458,9 @@ def _conclude(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, 
             f"'make down' and 'make up' first, then 'make train')")
     run["state"] = RunState.FAILED
     runrecord.write(state, run)
+    why = f"; not restarted: {sup['why']}" if sup.get("why") else ""
     raise TfclusterError(f"training failed: the chief's task ended '{sup.get('state')}' "
-                         f"(exit {sup.get('exit_code')}, restarts {sup.get('restarts', 0)}"
-                         f"{'; not restarted: ' + sup['why'] if sup.get('why') else ''})"
+                         f"(exit {sup.get('exit_code')}, restarts {sup.get('restarts', 0)}{why})"
                          f"{_first_line((final.get('task') or {}).get('error'))}; logs in {logs}\n"
                          + _log_tail(logs / chief.name / "node.log"))
 

@@ -75,6 +75,13 @@ def test_chief_without_peers_exits_with_a_clear_error(s3_client, moto_endpoint, 
     assert status["phase"] == "failed" and "peers not reachable" in status["error"]
 
 
+class Unavailable(Exception):
+    """Stands in for TensorFlow's UnavailableError, judged by the module it comes from."""
+
+
+Unavailable.__module__ = "tensorflow.python.framework.errors_impl"
+
+
 def test_a_failure_a_restart_would_repeat_is_final_unless_the_user_s_code_read_a_file_or_the_network():
     def raised(inner):
         try:
@@ -88,6 +95,16 @@ def test_a_failure_a_restart_would_repeat_is_final_unless_the_user_s_code_read_a
     assert is_final(raised(ValueError("bad shape")))
     assert not is_final(raised(ConnectionError("connection refused")))
     assert not is_final(raised(urllib.error.URLError("no route")))      # an OSError
+    assert not is_final(raised(Unavailable("ps/0 lost")))               # a peer lost while variables were made
+
+    def raised_while_handling(inner):     # keras.utils.get_file: a plain Exception raised in `except URLError:`
+        try:
+            raise inner
+        except Exception:
+            return raised(Exception("URL fetch failure on https://example.com/weights.h5"))
+
+    assert not is_final(raised_while_handling(urllib.error.URLError("no route")))
+    assert is_final(raised_while_handling(KeyError("weights")))
     assert is_final(FinalError("s3://b/runs/1/_SUCCESS exists"))
     assert not is_final(HarnessError("peers not reachable after 120s: ps/0"))
     assert not is_final(RuntimeError("InvalidArgumentError"))

@@ -375,6 +375,15 @@ def test_make_optimizer_problems_are_named(tmp_path):
         usermodel.make_optimizer(module, 0.1)
 
 
+def test_a_reason_keeps_where_in_the_user_s_code_a_traced_keras_error_was_raised():
+    exc = ValueError('in user code:\n\n    File "/m/mymodel.py", line 12, in call\n        return self.d(x)\n\n'
+                     "    ValueError: Exception encountered when calling MyLayer.call().\n\n"
+                     "    \x1b[1mInput 0 is incompatible with layer dense: expected axis -1 of 3\x1b[0m\n\n"
+                     "    Arguments received by MyLayer.call():\n      • x=tf.Tensor(shape=(2, 4), dtype=float32)")
+    assert usermodel.reason(exc) == ('in user code: File "/m/mymodel.py", line 12, in call return self.d(x) '
+                                     "Input 0 is incompatible with layer dense: expected axis -1 of 3")
+
+
 def test_a_reason_leaves_out_the_batchs_numbers_and_stays_short():
     batch = np.arange(160, dtype=np.float64).reshape(8, 4, 5) / 7
     exc = ValueError(f"Invalid input shape for input {batch}. Expected shape (None, 20), but input has "

@@ -364,14 +364,14 @@ def test_make_status_says_why_a_failed_task_was_not_restarted(monkeypatch, state
     def report(state, node, timeout):
         if node.role != "chief":
             return {"supervisor": {"state": "stopped"}, "task": {}}
-        return {"supervisor": {"state": "failed", "restarts": 1, "why": "it failed with the same error as on its "
-                               "last try"}, "task": {"phase": "failed", "step": 40, "total": 300}}
+        return {"supervisor": {"state": "failed", "restarts": 1, "why": "it failed with the same error at the same "
+                               "step as on its last try"}, "task": {"phase": "failed", "step": 40, "total": 300}}
 
     monkeypatch.setattr(status.remote, "task_status", report)
     states = status.task_states(state, NODES)
     chief = next(n.name for n in NODES if n.role == "chief")
-    assert states[chief] == ("failed (restarts 1; not restarted: it failed with the same error as on its last "
-                             "try), failed step 40/300"), states
+    assert states[chief] == ("failed (restarts 1; not restarted: it failed with the same error at the same step "
+                             "as on its last try), failed step 40/300"), states
     assert all(text == "stopped" for name, text in states.items() if name != chief), states
 
 

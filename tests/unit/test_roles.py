@@ -89,8 +89,9 @@ def test_a_task_exiting_6_is_not_restarted_and_the_state_says_why(tmp_path):
 
 
 #: a task that records an error in its status.json, as the harness does, and fails: the error's text is $1, its
-#: directory $2
-RECORDS_ERROR = """printf '{"phase": "failed", "error": "%s"}' "$1" > "$2/status.json"; exit 1"""
+#: directory $2; at step $3 (0 unless given) with exit code $4 (1 unless given)
+RECORDS_ERROR = ("""printf '{"phase": "failed", "step": %s, "error": "%s"}' "${3:-0}" "$1" > "$2/status.json"; """
+                 """exit ${4:-1}""")
 
 
 def test_a_task_failing_twice_with_the_same_recorded_error_is_not_restarted_again(tmp_path):
@@ -99,7 +100,19 @@ def test_a_task_failing_twice_with_the_same_recorded_error_is_not_restarted_agai
          "InvalidArgumentError: Field 2 in record 5 is not a valid float", str(same))
     st = _wait_state(same, ("failed",))
     assert (st["restarts"], st["exit_code"]) == (1, 1), st
-    assert st["why"] == "it failed with the same error as on its last try", st
+    assert st["why"] == "it failed with the same error at the same step as on its last try", st
+    # the same error at a later step (training went on between the two), or with a watchdog's exit: restarted
+    later = tmp_path / "later"
+    _sup("start", "--dir", str(later), "--max-restarts", "2", "--", "/bin/sh", "-c",
+         'echo x >> "$2/tries"; ' + RECORDS_ERROR.replace('"${3:-0}"', '$(wc -l < "$2/tries")'),
+         "sh", "AbortedError: worker/1 lost", str(later))
+    st = _wait_state(later, ("failed",))
+    assert (st["restarts"], "why" in st) == (2, False), st
+    stalled = tmp_path / "stalled"
+    _sup("start", "--dir", str(stalled), "--max-restarts", "2", "--", "/bin/sh", "-c", RECORDS_ERROR, "sh",
+         "no training step for 90 s", str(stalled), "300", "4")
+    st = _wait_state(stalled, ("failed",))
+    assert (st["restarts"], st["exit_code"], "why" in st) == (2, 4, False), st
     # another error each try, or none recorded (a crash before the harness wrote its status): every restart
     differs = tmp_path / "differs"
     _sup("start", "--dir", str(differs), "--max-restarts", "2", "--",

@@ -122,6 +122,15 @@ def test_a_task_is_forked_by_the_warm_interpreter_which_serves_restarts_and_the_
     assert "warm interpreter: starting" not in log and f"forked from the warm interpreter, pid {server}" in log, log
 
 
+def test_a_forked_task_s_exit_6_reaches_the_supervisor_which_does_not_restart_it(setup):
+    tmp_path, script, secrets, warm, env = setup
+    d = tmp_path / "final"
+    start(env, d, warm, sys.executable, str(script), "6", secrets=secrets, restarts=2)
+    st = wait_state(env, d, ("failed",))
+    assert (st["exit_code"], st["restarts"], st["why"]) == (6, 0, "a restart would fail the same way"), st
+    assert len(reports(d)) == 1 and "forked from the warm interpreter" in (d / "node.log").read_text()
+
+
 def test_stop_reaches_a_forked_task(setup):
     tmp_path, script, _, warm, env = setup
     d = tmp_path / "task"

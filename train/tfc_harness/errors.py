@@ -19,19 +19,30 @@ class HarnessError(RuntimeError):
 
 class FinalError(HarnessError):
     """A failure a restart of the task would repeat: the run is already published, its checkpoint is past its
-    steps, the user's module fails (:func:`is_final` keeps a module's network or file error restartable)."""
+    steps, the user's module fails (:func:`is_final` keeps one behind which lies a transient error restartable)."""
+
+
+#: where the errors come from that a restart may not meet again: TensorFlow's op errors (a lost peer or ps:
+#: UnavailableError, AbortedError), the S3 client's and the HTTP libraries' (OSError is judged by its type)
+_TRANSIENT_MODULES = ("tensorflow.python.framework.errors", "botocore.", "urllib3.", "requests.", "grpc")
 
 
 def is_final(exc: BaseException) -> bool:
-    """Whether a restart of the task would fail the same way: a :class:`FinalError` not caused by an
-    ``OSError`` (the user's code reading a file or the network: that may work on the next try)."""
+    """Whether a restart of the task would fail the same way: a :class:`FinalError` with no transient error
+    among the errors that caused it or were being handled when it was raised (``__cause__``, ``__context__``):
+    an ``OSError`` (a file, the network), a TensorFlow op error (a peer or ps lost while the user's
+    ``build_model`` made its variables there), an S3 or HTTP client's error."""
     if not isinstance(exc, FinalError):
         return False
-    inner = exc.__cause__
-    while inner is not None:
-        if isinstance(inner, OSError):
+    seen, todo = set(), [exc.__cause__, exc.__context__]
+    while todo:
+        inner = todo.pop()
+        if inner is None or id(inner) in seen:
+            continue
+        seen.add(id(inner))
+        if isinstance(inner, OSError) or type(inner).__module__.startswith(_TRANSIENT_MODULES):
             return False
-        inner = inner.__cause__
+        todo += [inner.__cause__, inner.__context__]
     return True
 
 
@@ -57,16 +68,19 @@ _KERAS_HEAD, _KERAS_ARGS = "Exception encountered when calling", "Arguments rece
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def message_lines(message: str) -> list[str]:
+def message_lines(message: str, keep_before: bool = False) -> list[str]:
     """An error message's non-blank lines (their indentation kept), without terminal colours and without Keras's
     wrapper of an error inside a layer's call ("Exception encountered when calling Sequential.call()." first,
-    "Arguments received by ..." and each argument last): only the cause between them is kept."""
+    "Arguments received by ..." and each argument last): the cause between them is kept, and with
+    ``keep_before`` the lines before the wrapper too (a traced error's ``in user code:`` and the user's file
+    and line)."""
     lines = [ln for ln in _ANSI.sub("", message).strip().splitlines() if ln.strip()]
     head = next((i for i, ln in enumerate(lines) if _KERAS_HEAD in ln), None)
     if head is None:
         return lines
     end = next((i for i, ln in enumerate(lines) if i > head and ln.strip().startswith(_KERAS_ARGS)), len(lines))
-    return lines[head + 1:end] or lines[head:head + 1]
+    inner = lines[head + 1:end] or lines[head:head + 1]
+    return lines[:head] + inner if keep_before else inner
 
 
 def cause(message: str) -> str:

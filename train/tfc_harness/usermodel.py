@@ -522,9 +522,9 @@ _NO_OP_NAME = re.compile(r"\s+name:\s*$")
 
 
 def reason(exc: Exception) -> str:
-    """An exception's message on one line: the cause inside Keras's wrapper of a layer's call
-    (:func:`tfc_harness.errors.message_lines`)."""
-    text = " ".join(ln.strip() for ln in message_lines(str(exc)))
+    """An exception's message on one line: the cause inside Keras's wrapper of a layer's call, after what came
+    before the wrapper (:func:`tfc_harness.errors.message_lines`)."""
+    text = " ".join(ln.strip() for ln in message_lines(str(exc), keep_before=True))
     text = _ARRAY.sub("[...]", text)     # the batch's numbers, which Keras puts in some messages
     text = _NO_OP_NAME.sub("", text)
     return text if len(text) <= REASON_CHARS else text[:REASON_CHARS - 3] + "..."
