@@ -107,11 +107,19 @@ def autograph_files():
     a CI simulation found 17 of them in /tmp after a green run. TensorFlow never removes their bytecode
     (``/tmp/__pycache__``)."""
     yield
+    caches = set()
     for name, module in list(sys.modules.items()):
         if name.startswith("__autograph_generated_file") and getattr(module, "__file__", None):
             Path(module.__file__).unlink(missing_ok=True)
             # and its bytecode, which the import wrote beside it unless PYTHONDONTWRITEBYTECODE is set
-            Path(importlib.util.cache_from_source(module.__file__)).unlink(missing_ok=True)
+            cached = Path(importlib.util.cache_from_source(module.__file__))
+            cached.unlink(missing_ok=True)
+            caches.add(cached.parent)
+    for cache in caches:     # the __pycache__ directory the import made, once empty (another worker's may not be)
+        try:
+            cache.rmdir()
+        except OSError:
+            pass
 
 
 #: the builder node of the tests' image: a cluster name and a subnet of its own (outside the other tests' networks)
