@@ -48,6 +48,7 @@ class ChiefWatch:
         self.state, self.chief, self.poll_s = state, chief, poll_s
         self.on_training, self.on_loop_end = on_training, on_loop_end
         self.last_line, self.misses, self.errors = "", 0, 0
+        self.last_report: tuple | None = None      # the chief's status, its supervisor's, the data's: last shown
         self.first_step: int | None = None         # the step the first training report gave
         self.since: tuple[float, int] | None = None   # (when, step) of the first report past it: the ETA's base
         self.last_eta: tuple[float, int, float] | None = None     # (when, step, seconds left) last computed
@@ -73,7 +74,12 @@ class ChiefWatch:
         self.misses = 0
         sup, task = got.get("supervisor", {}), got.get("task") or {}
         self._show_notes(task.get("notes") or [])
-        self._show(progress_line(task, sup, self._eta(task), self._data_text()))
+        data = self._data_text()
+        line = progress_line(task, sup, self._eta(task), data)
+        report = (task, sup.get("state"), sup.get("restarts"), data)
+        if report != self.last_report:      # else a poll between two of the chief's reports: only its ETA is new
+            self._show(line)
+        self.last_report = report
         phase, step = task.get("phase"), task.get("step", 0)
         if self.on_training and phase == "training" and step > 0:
             self.on_training, call = None, self.on_training

@@ -192,6 +192,24 @@ def test_the_chief_watch_prints_each_of_the_chiefs_notes_once(state, monkeypatch
     assert lines.index(f"  c-chief-0: {note}") < lines.index("  [training] step 3/10 (30%)")    # before its step
 
 
+def test_the_chief_watch_prints_a_report_once_when_polled_again_before_the_next(state, monkeypatch, capsys):
+    """Polls come about as often as the chief's reports: one that sees the same report again prints no second
+    line for it that differs only in the ETA."""
+    same = {"supervisor": {"state": "running"}, "task": {"phase": "training", "step": 473, "total": 600,
+                                                         "examples_per_sec": 1880.0}}
+    reports = iter([{"supervisor": {"state": "running"}, "task": {"phase": "training", "step": 100, "total": 600,
+                                                                   "examples_per_sec": 1700.0}},
+                    same, same, {"supervisor": {"state": "running"}, "task": dict(same["task"], step=520)}])
+    monkeypatch.setattr(progress.remote, "task_status", lambda *a, **kw: next(reports))
+    watch = progress.ChiefWatch(state, NODES[0], 0.01)
+    clock = iter([0.0, 10.0, 12.0, 13.0, 14.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    for _ in range(4):
+        watch()
+    steps = [ln.split(" (")[0] for ln in capsys.readouterr().out.splitlines()]
+    assert steps == ["  [training] step 100/600", "  [training] step 473/600", "  [training] step 520/600"], steps
+
+
 def test_a_starting_chief_shows_no_step_yet():
     """A resumed run's chief reports step 0 until it has restored its checkpoint: no 'step 0/3000 (0%)' before
     'step 1300/3000'."""
