@@ -196,7 +196,7 @@ def refuse_published(client, settings: Settings) -> None:
     s3 = settings.s3
     if publish.published(client, s3.bucket, s3.run_prefix):
         raise FinalError(f"s3://{s3.bucket}/{s3.run_prefix}/{publish.SUCCESS} exists: this run was "
-                           "already published; use a new run_id")
+                         "already published; use a new run_id")
 
 
 def load_job(client, settings: Settings, strategy: Strategy) -> Job:
