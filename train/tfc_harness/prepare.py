@@ -506,7 +506,6 @@ def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, f
 _ASSERTED = re.compile(r"assertion failed: \[(.*)\]$")
 
 
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] not in ("check", "run"):
