@@ -91,7 +91,28 @@ def store(moto_endpoint, tmp_path_factory):
     put("rec/garbage/train-1.tfrecord", b"this is not a tfrecord file at all" * 10)
     put("rec/garbage/test-0.tfrecord", b"this is not a tfrecord file at all" * 10)
     put("other/x.csv", b"a,b,target\n1,2,3\n")
+    # files past the first ones: one in another schema (x of 2000 values: a first record longer than the first
+    # GET), one whose first record is cut short, one whose x has 2 values (a decode that takes any length)
+    put("rec/schema/train-0.tfrecord", buf.getvalue())
+    put("rec/schema/train-1.tfrecord", tfrecord(tmp_path_factory, [np.arange(2000, dtype=np.float32)]))
+    put("rec/cut/train-0.tfrecord", buf.getvalue())
+    put("rec/cut/train-1.tfrecord", buf.getvalue()[:30])
+    put("rec/short/train-0.tfrecord", buf.getvalue())
+    put("rec/short/train-1.tfrecord", tfrecord(tmp_path_factory, [np.zeros(2, np.float32)]))
     return moto_endpoint
+
+
+def tfrecord(tmp_path_factory, rows) -> bytes:
+    """A TFRecord file of one Example per row: ``x`` the row, ``y`` 1."""
+    import tensorflow as tf
+
+    path = tmp_path_factory.mktemp("records") / "rows.tfrecord"
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for row in rows:
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[1]))})).SerializeToString())
+    return path.read_bytes()
 
 
 def job(tmp_path, endpoint, module: str, train: str, test: str, fmt: str, workers: int = 2, label="target"):
@@ -138,6 +159,16 @@ def test_good_csv_and_tfrecord_jobs(store, tmp_path, creds):
      "and checksum); data.format is tfrecord"),
     (TFRECORD_MODEL, "rec/corrupt/train-*", "rec/good/test-*", "tfrecord", 2, prepare.DataError,
      "s3://prep/rec/corrupt/train-0.tfrecord: reading its first records with decode() failed"),
+    # a file past the first training file: its first record, read as the workers will, names it
+    (TFRECORD_MODEL, "rec/schema/train-*", "rec/good/test-*", "tfrecord", 2, prepare.DataError,
+     "s3://prep/rec/schema/train-1.tfrecord: reading its first record with decode() failed: InvalidArgumentError: "),
+    (TFRECORD_MODEL, "rec/cut/train-*", "rec/good/test-*", "tfrecord", 2, prepare.DataError,
+     "s3://prep/rec/cut/train-1.tfrecord: reading its first record with decode() failed: DataLossError: "),
+    (TFRECORD_MODEL.replace("tf.io.FixedLenFeature([3], tf.float32)", "tf.io.VarLenFeature(tf.float32)")
+     .replace('return row["x"]', 'return tf.sparse.to_dense(row["x"])'),
+     "rec/short/train-*", "rec/good/test-*", "tfrecord", 2, prepare.DataError,
+     "s3://prep/rec/short/train-1.tfrecord: its first record gives features of shape (2,) and a label of shape (), "
+     "where s3://prep/rec/good/test-0.tfrecord's give (3,) and (): every example must have the same shapes"),
     (TFRECORD_MODEL, "rec/mixed/part-*", "rec/good/test-*", "tfrecord", 2, prepare.DataError,
      "s3://prep/rec/mixed/part-9.csv: not a TFRecord file"),
     (CSV_MODEL, "rec/good/train-*", "rec/good/test-*", "csv", 2, prepare.DataError,
@@ -155,6 +186,13 @@ def test_bad_data_is_named_before_training(store, tmp_path, creds, module, train
     with pytest.raises(error) as err:
         prepare.run(job(tmp_path, store, module, train, test, fmt, workers))
     assert fragment in str(err.value), str(err.value)
+
+
+def test_first_records_read_a_few_files_at_a_time_still_name_the_file(store, tmp_path, creds, monkeypatch):
+    monkeypatch.setattr(prepare, "FIRST_RECORDS_AT_ONCE", 1)     # the bad file's record in a dataset of its own
+    with pytest.raises(prepare.DataError, match="^s3://prep/rec/schema/train-1.tfrecord: reading its first record "
+                                                "with decode[(][)] failed: InvalidArgumentError: Key: x"):
+        prepare.run(job(tmp_path, store, TFRECORD_MODEL, "rec/schema/train-*", "rec/good/test-*", "tfrecord"))
 
 
 def test_a_bucket_the_store_does_not_have_is_named_with_its_field(store, tmp_path, creds):
@@ -218,6 +256,11 @@ def test_tensorflow_noise_is_taken_out_of_messages():
     noisy = ValueError("{{function_node __wrapped__IteratorGetNext}} Expect 3 fields but have 1 in record "
                        "[Op:IteratorGetNext] name: ")
     assert cause(str(noisy)) == "Expect 3 fields but have 1 in record"
+    mapped = ValueError("{{function_node __wrapped__IteratorGetNext_output_types_2_device_/job:localhost/replica:0/"
+                        "task:0/device:CPU:0}} Error in user-defined function passed to ParallelMapDatasetV2:16 "
+                        "transformation with iterator: Iterator::Root::ParallelMapV2: Key: x.  Can't parse serialized "
+                        "Example.")
+    assert cause(str(mapped)) == "Key: x.  Can't parse serialized Example."
     traced = ValueError("in user code:\n\n  File \"job.py\", line 7, in decode\n\n"
                         "AttributeError: 'SymbolicTensor' object has no attribute 'numpy'")
     assert cause(str(traced)) == "AttributeError: 'SymbolicTensor' object has no attribute 'numpy'"

@@ -203,7 +203,27 @@ def test_tfrecord_start(s3_client, bucket):
     length = (17).to_bytes(8, "little")
     good = length + tfrecord_files.masked_crc32c(length).to_bytes(4, "little") + b"r" * 17 + b"\0" * 4
     s3_client.put_object(Bucket=bucket, Key="ok.tfrecord", Body=good)
-    assert tfrecord_files.FORMAT.start(s3_client, bucket, "ok.tfrecord") is None
+    fmt = tfrecord_files.FORMAT
+
+    def first_record(key: str, body: bytes) -> bytes | None:
+        s3_client.put_object(Bucket=bucket, Key=key, Body=body)
+        return fmt.first_record_file(s3_client, bucket, key, fmt.start(s3_client, bucket, key))
+
+    # the first record as framed in the file: a TFRecord file of that record alone
+    assert fmt.start(s3_client, bucket, "ok.tfrecord") == good
+    assert first_record("two.tfrecord", good + b"more records") == good
+    # longer than the first GET: a second one reads the rest of the record
+    size = tfrecord_files.START_BYTES + 100
+    length = size.to_bytes(8, "little")
+    long = length + tfrecord_files.masked_crc32c(length).to_bytes(4, "little") + b"L" * size + b"\0" * 4
+    assert first_record("long.tfrecord", long + good) == long
+    # a file that ends inside its first record: what there is (reading it names the file's truncated record)
+    assert first_record("cut.tfrecord", long[:5000]) == long[:5000]
+    assert first_record("cut-early.tfrecord", long[:100]) == long[:100]
+    # a first record longer than the check reads: none, the file's records are first read on the nodes
+    length = (tfrecord_files.MAX_FIRST_RECORD + 1).to_bytes(8, "little")
+    assert first_record("huge.tfrecord", length + tfrecord_files.masked_crc32c(length).to_bytes(4, "little")
+                        + b"h" * 100) is None
     for key, body in (("csv.tfrecord", b"a,b\n1,2\n3,4\n"), ("short.tfrecord", good[:11]),
                       ("empty.tfrecord", b"")):
         s3_client.put_object(Bucket=bucket, Key=key, Body=body)

@@ -58,6 +58,8 @@ class ModelModuleError(FinalError):
 _TF_FRAME = re.compile(r"^(\s|Graph execution error:|Detected at node|<stack traces unavailable>)")
 #: TensorFlow's names inside a cause line: graph functions, ops
 _TF_NAMES = re.compile(r"\{\{function_node [^}]*\}\}|\s*\[Op:[^\]]*\](\s*name:\s*\S*)?")
+#: tf.data's words before an error in a function it maps (the user's ``decode``, a reader's own check)
+_TF_DATA_WRAPPER = re.compile(r"^Error in user-defined function passed to \S+ transformation with iterator: \S+: ")
 #: several tasks' or devices' errors at once (``2 root error(s) found.``), each then ``  (k) CODE: cause``
 _ROOT_ERRORS = re.compile(r"^\d+ root error\(s\) found")
 _ROOT_CAUSE = re.compile(r"^\s*\(\d+\)\s*[A-Z_]+:\s*")
@@ -101,7 +103,7 @@ def cause(message: str) -> str:
         line = lines[0]
     if _ROOT_ERRORS.match(line.strip()):
         line = next((_ROOT_CAUSE.sub("", ln) for ln in lines if _ROOT_CAUSE.match(ln)), line)
-    return _TF_NAMES.sub("", line.strip()).strip()
+    return _TF_DATA_WRAPPER.sub("", _TF_NAMES.sub("", line.strip()).strip())
 
 
 def described(exc: BaseException) -> str:

@@ -10,9 +10,10 @@ Nothing is read from storage.  ``validate`` and ``up`` run it.
 * module arrays: calls ``make_dataset()``, stores the arrays under their content hash
   (:func:`tfc_harness.data.ensure_dataset`);
 * files in storage: lists ``data.train``/``data.test``, assigns the training files to the training tasks
-  (disjoint, balanced by size), reads the start of every file (a CSV header, a TFRecord's first length);
+  (disjoint, balanced by size), reads the start of every file (a CSV header, a TFRecord's first record);
 
-then reads a few test and training examples, builds the model and runs it, its loss and its metrics on
+then reads a few test and training examples (and each TFRecord file's first record: an error there names the
+file, :func:`_check_first_records`), builds the model and runs it, its loss and its metrics on
 them (:func:`tfc_harness.usermodel.check_batch`).  ``train`` runs it when a run starts (on the local store
 ``validate``, ``plan`` and ``up`` already did, for files).  A passed check
 leaves a stamp in ``probe_cache`` (when the job names one) keyed by the module, the hparams, the examples
@@ -425,13 +426,14 @@ def _files(client, job: dict, module: ModuleType, listing: dict):
     spec = job["data"]
     bucket, train, test = listing["bucket"], listing["train"], listing["test"]
     assigned = _assigned(train, job["workers"])
-    columns = _each_file(client, spec, listing)
+    columns, starts = _each_file(client, spec, listing)
     named = formats.get(spec["format"]).named_columns
     settings_data = {"source": "files", "format": spec["format"], "bucket": bucket,
                      "label": spec.get("label") if named else None, "columns": columns,
                      "train": assigned, "test": test}
     x, y = _probe_files(client, bucket, settings_data, module, test[0])
     _probe_files(client, bucket, settings_data, module, train[0])
+    _check_first_records(client, bucket, settings_data, module, train + test, starts, test[0], (x, y))
     describe = {"source": "files", "format": spec["format"], "bucket": bucket,
                 "label": settings_data["label"], "columns": columns,
                 "train": [{k: f[k] for k in ("key", "etag", "size")} for f in train],
@@ -439,10 +441,11 @@ def _files(client, job: dict, module: ModuleType, listing: dict):
     return {"data": settings_data, "dataset_prefix": None, "describe": describe}, (x, y)
 
 
-def _each_file(client, spec: dict, listing: dict) -> list[str] | None:
+def _each_file(client, spec: dict, listing: dict) -> tuple[list[str] | None, list]:
     """Every file of both splits starts as ``data.format`` says (:meth:`formats.Format.start`: a ranged GET
     each, 8 at once) and the starts agree (:meth:`formats.Format.columns`: CSV files one header, the label
-    among its columns). Returns the column names (None for a format without named columns)."""
+    among its columns). Returns the column names (None for a format without named columns) and each file's
+    start (the training files', then the test files')."""
     from concurrent.futures import ThreadPoolExecutor
 
     fmt = formats.get(spec["format"])
@@ -460,7 +463,7 @@ def _each_file(client, spec: dict, listing: dict) -> list[str] | None:
     finally:
         pool.shutdown(cancel_futures=True)
     try:
-        return fmt.columns(bucket, [f["key"] for f in files], starts, spec.get("label"))
+        return fmt.columns(bucket, [f["key"] for f in files], starts, spec.get("label")), starts
     except ValueError as exc:
         raise DataError(str(exc)) from None
 
@@ -500,6 +503,61 @@ def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, f
     if batch is None:
         raise DataError(f"{where} holds no examples")
     return batch[0].numpy(), batch[1].numpy()
+
+
+def _check_first_records(client, bucket: str, settings_data: dict, module: ModuleType, files: list[dict],
+                         starts: list, probed: dict, examples: tuple) -> None:
+    """Each file's first record, read as the workers will read it, where the format gives one
+    (:meth:`formats.Format.first_record_file`: a TFRecord file's): an error reading it (another schema for
+    ``decode``, a record cut short) or an example whose shapes differ from ``probed``'s ``examples`` (the
+    batches stack them) is named with its file before any node trains, not in the middle of a run.  The
+    records are fetched (8 at once) and read :data:`FIRST_RECORDS_AT_ONCE` files at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    fmt = formats.get(settings_data["format"])
+    read = formats.reader(settings_data["format"], decode=getattr(module, "decode", None),
+                          columns=settings_data["columns"], label=settings_data["label"])
+    want = tuple(tuple(part.shape[1:]) for part in examples)
+    pending = list(zip(files, starts, strict=True))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        while pending:
+            batch, pending = pending[:FIRST_RECORDS_AT_ONCE], pending[FIRST_RECORDS_AT_ONCE:]
+            records = list(pool.map(lambda fs: fmt.first_record_file(client, bucket, fs[0]["key"], fs[1]), batch))
+            found = [(f, record) for (f, _), record in zip(batch, records, strict=True) if record is not None]
+            for f, shapes in _first_examples(read, found, bucket, fmt.parsing):
+                if shapes != want:
+                    raise DataError(f"s3://{bucket}/{f['key']}: its first record gives features of shape "
+                                    f"{shapes[0]} and a label of shape {shapes[1]}, where s3://{bucket}/"
+                                    f"{probed['key']}'s give {want[0]} and {want[1]}: every example must have "
+                                    f"the same shapes (batches stack them)")
+
+
+#: files whose first records one dataset reads (their bytes are on disk meanwhile)
+FIRST_RECORDS_AT_ONCE = 64
+
+
+def _first_examples(read, records: list[tuple[dict, bytes]], bucket: str, parsing: str):
+    """``(file, shapes of its example)`` for each of ``records`` (a file and a file of its first record),
+    read with ``read`` in one dataset; DataError naming the file whose record fails."""
+    import tensorflow as tf
+
+    if not records:
+        return
+    with tempfile.TemporaryDirectory(prefix="tfc-first-records-") as tmp:
+        paths = [Path(tmp) / str(i) for i in range(len(records))]
+        for path, (_, record) in zip(paths, records, strict=True):
+            path.write_bytes(record)
+        got = iter(read(tf.data.Dataset.from_tensor_slices([str(p) for p in paths])))
+        for f, _ in records:        # one example a file, in the files' order
+            where = f"s3://{bucket}/{f['key']}"
+            try:
+                example = next(got)
+            except StopIteration:
+                raise DataError(f"{where}: its first record gives no example") from None
+            except Exception as exc:
+                raise DataError(f"{where}: reading its first record with {parsing} failed: "
+                                f"{type(exc).__name__}: {cause(str(exc))}") from None
+            yield f, tuple(tuple(part.shape) for part in example)
 
 
 #: a failed ``tf.debugging.Assert``'s message in TensorFlow's error

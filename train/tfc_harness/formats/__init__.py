@@ -8,9 +8,13 @@ A format has three parts, used in this order:
 
 * :meth:`Format.start`, on the controller before anything runs: how one file must start, read with one
   ranged GET (:func:`tfc_harness.sources.first_bytes`), no TensorFlow. Returns what the file's start tells
-  (CSV: its header's column names) or None.
+  (CSV: its header's column names; TFRecord: its first bytes, up to the end of its first record) or None.
 * :meth:`Format.columns`, over every file's start: whether they agree (one header for all) and what the
   reader needs to know of them (the column names, or None).
+* :meth:`Format.first_record_file`, from one file's start (and a ranged GET where the start does not hold
+  it): a file of this format holding only that file's first record, which the controller's check reads with
+  the reader (so an error there names the file), or None (the format's default: the file's records are
+  first read on the nodes).
 * :meth:`Format.reader`: a function of a ``tf.data.Dataset`` of local file names returning unbatched
   ``(features, label)`` examples, built from TensorFlow graph ops only, so it can run on a remote worker
   (:mod:`tfc_harness.stream`). Files are read one after another, each to its end before the next name is
@@ -52,6 +56,12 @@ class Format(abc.ABC):
         """Every file's :meth:`start` (``keys`` and ``starts`` in the same order) agree, and the label is among
         them where the format names columns (ValueError naming the file). Returns the column names the reader
         takes (None for a format without named columns)."""
+        return None
+
+    def first_record_file(self, s3_client, bucket: str, key: str, start: object) -> bytes | None:
+        """The bytes of a file of this format holding only the first record of ``s3://bucket/key``, whose
+        :meth:`start` returned ``start`` (None: not read by the controller's check, so the file's records are
+        first read on the nodes)."""
         return None
 
     @abc.abstractmethod

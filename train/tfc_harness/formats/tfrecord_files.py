@@ -8,6 +8,8 @@ from collections.abc import Callable
 from . import Format
 
 HEADER_BYTES = 12     # a TFRecord file starts with its first record's length (8 bytes) and its checksum (4)
+START_BYTES = 4096    # the first GET: the header, and the whole first record when it is this small
+MAX_FIRST_RECORD = 4 * 2**20    # a longer first record is not read by the controller's check
 
 
 class TfRecord(Format):
@@ -16,15 +18,30 @@ class TfRecord(Format):
     needs_decode = True
     parsing = "decode()"
 
-    def start(self, s3_client, bucket: str, key: str) -> None:
+    def start(self, s3_client, bucket: str, key: str) -> bytes:
         """Raise ValueError naming ``s3://bucket/key`` unless it starts as a TFRecord file does: a record's
-        length and that length's masked CRC-32C (one ranged GET of 12 bytes)."""
+        length and that length's masked CRC-32C (one ranged GET of :data:`START_BYTES`).  Returns those bytes
+        up to the end of the first record (all of it when it is that short)."""
         from ..sources import first_bytes
 
-        head = first_bytes(s3_client, bucket, key, HEADER_BYTES)
+        head = first_bytes(s3_client, bucket, key, START_BYTES)
         if len(head) < HEADER_BYTES or masked_crc32c(head[:8]) != int.from_bytes(head[8:12], "little"):
             raise ValueError(f"s3://{bucket}/{key}: not a TFRecord file (its first {HEADER_BYTES} bytes are no "
                              f"record's length and checksum); data.format is tfrecord")
+        return head[:_framed(head)]
+
+    def first_record_file(self, s3_client, bucket: str, key: str, start: bytes) -> bytes | None:
+        """The first record as it is framed in the file (its length, checksums and data: a TFRecord file of
+        that record alone; cut short where the file ends inside it), read with a second ranged GET when
+        :meth:`start` did not hold all of it; None when it is longer than :data:`MAX_FIRST_RECORD`."""
+        from ..sources import first_bytes
+
+        framed = _framed(start)
+        if framed - HEADER_BYTES - 4 > MAX_FIRST_RECORD:
+            return None
+        if len(start) < framed and len(start) == START_BYTES:    # the first GET stopped short, not the file
+            return first_bytes(s3_client, bucket, key, framed)
+        return start
 
     def reader(self, *, decode: Callable | None, columns: list[str] | None, label: str | None) -> Callable:
         if columns is not None or label is not None:
@@ -46,6 +63,12 @@ def masked_crc32c(data: bytes) -> int:
             crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
     crc ^= 0xFFFFFFFF
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _framed(head: bytes) -> int:
+    """The bytes of a TFRecord file's first record, framed (its length, that length's checksum, the data and
+    the data's checksum), from the file's first bytes."""
+    return HEADER_BYTES + int.from_bytes(head[:8], "little") + 4
 
 
 def _reader(decode: Callable) -> Callable:
