@@ -67,14 +67,13 @@ def cmd_validate(args) -> int:
 
     spec = spec_from_args(args)
     get_provider(spec.provider, ClusterState(spec.cluster)).check(spec)  # what `up` would refuse
-    checked = job.check(spec)
     try:        # the configuration is valid without its data, which may be uploaded after it: `up` refuses
         found = job.check_files(spec)
     except TfclusterError as exc:
+        checked = job.check(spec)
         found = f"not ready ('up' refuses until it is): {exc}"
     else:       # the files are there: a decode or model that does not fit them is the module's error
-        if found:
-            job.check_data(spec)
+        checked = job.check_with_data(spec, found)
     print(json.dumps(spec.to_dict(), indent=2))
     print(f"model module {checked['module']}: data from {checked['data']}, loss {checked['loss']}, metrics "
           f"{', '.join(checked['metrics']) or '(none: the loss)'}", file=sys.stderr)

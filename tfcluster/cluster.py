@@ -111,19 +111,24 @@ def preflight(spec: RunSpec) -> tuple[Provider, dict]:
     """Every check ``up`` makes before it creates anything (``plan`` makes them too): the provider's, the
     model module's (its interface, as :func:`tfcluster.job.check` reports it, is returned), the data files'
     listing on the local store (:func:`tfcluster.job.check_files`, returned as the interface's ``files``) and
-    that the cluster is not up on another provider. Bad input raises ConfigError or JobError (exit status 2)."""
+    their check with the model (:func:`tfcluster.job.check_with_data`: one TensorFlow import for both), and
+    that the cluster is not up on another provider. Bad input raises ConfigError or JobError (exit status 2);
+    a module's error comes before the data's."""
     state = ClusterState(spec.cluster)
     check_fits_the_cluster_up(spec, state)      # first: the slower checks below would not change this answer
     provider = get_provider(spec.provider, state)
     provider.check(spec)
-    with phase("check the model module"):
-        checked = job.check(spec)
-    checked = dict(checked, files=job.check_files(spec))
-    if checked["files"]:
-        say(f"data: {checked['files']}")
-        with phase("check the data with the model"):
-            job.check_data(spec)
-    return provider, checked
+    try:
+        found = job.check_files(spec)       # no TensorFlow: the listing and each file's start
+    except TfclusterError:
+        with phase("check the model module"):
+            job.check(spec)                 # a module's own error first, as where the job names no file
+        raise
+    if found:
+        say(f"data: {found}")
+    with phase("check the model module" + (" and the data with it" if found else "")):
+        checked = job.check_with_data(spec, found)
+    return provider, dict(checked, files=found)
 
 
 def check_fits_the_cluster_up(spec: RunSpec, state: ClusterState) -> RunSpec | None:

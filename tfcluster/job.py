@@ -6,8 +6,9 @@ inside tfcluster, and a crash in it must not take tfcluster down):
 * :func:`check` (``validate`` and ``up``, before anything is created): the module's interface; the
   result is cached under the cache root, keyed by the module's and the harness's content and the job's
   settings, so a second ``up`` with the same module does not import TensorFlow again;
-* :func:`check_files` and :func:`check_data` (``validate``, ``plan`` and ``up``, on the local store): the
-  data files listed and checked as ``train`` checks them, before anything is created;
+* :func:`check_files` and :func:`check_with_data` (``validate``, ``plan`` and ``up``, on the local store): the
+  data files listed and checked as ``train`` checks them (the module's interface first, in the same
+  process), before anything is created;
 * :func:`prepare` (``train``, when a run starts): the run's data (stored by content, or listed and
   assigned to workers) and a check of model, loss and metrics on a few real examples; a passed check is
   recorded under the cache root (``_jobchecks/probes``), so a later run of the same module and hparams on
@@ -132,7 +133,7 @@ def check_files(spec: RunSpec) -> str | None:
     """Before anything is created (``plan``, ``up``; ``validate`` reports it), where the run's store is local:
     the files ``data.train`` and ``data.test`` name are listed as ``train`` lists them and the start of each
     read, so a mistyped glob or bucket, or a header without the label, is refused (exit status 2) before any
-    node boots (:func:`check_data` then checks them with TensorFlow).  Returns what was found, or None when
+    node boots (:func:`check_with_data` then checks them with TensorFlow).  Returns what was found, or None when
     nothing is listed here: data from ``make_dataset()``, or a store elsewhere, whose files ``train`` lists
     (``validate`` and ``plan`` of a cloud's configuration need no network and no credentials of it)."""
     if not spec.data.train or not store.is_local_store(spec):
@@ -154,11 +155,15 @@ def check_files(spec: RunSpec) -> str | None:
     return f"{len(listing['train'])} training and {len(listing['test'])} test files in s3://{listing['bucket']}/"
 
 
-def check_data(spec: RunSpec) -> None:
-    """Once :func:`check_files` found the files (it returned what; only then): ``train``'s own check of them,
-    what needs TensorFlow (``decode`` on the first records, the model, loss and metrics on real examples). Its
-    record makes a later ``train``'s check of the same job and files instant, so the import moves here."""
-    prepare(spec)
+def check_with_data(spec: RunSpec, found: str | None) -> dict:
+    """The model module's interface (what :func:`check` returns) and, once :func:`check_files` found the
+    files (``found``: what it returned), ``train``'s own check of them, what needs TensorFlow (``decode`` on the
+    first records, the model, loss and metrics on real examples). That check checks the interface first, in
+    the same process, so TensorFlow is imported once, not once for each; its record makes a later
+    ``train``'s check of the same job and files instant, so the import moves here."""
+    if not found:
+        return check(spec)
+    return prepare(spec)["interface"]
 
 
 def prepare(spec: RunSpec, every_hparam_read: bool = True) -> dict:

@@ -135,6 +135,9 @@ def test_good_csv_and_tfrecord_jobs(store, tmp_path, creds):
     assert csv["data"]["columns"] == ["a", "b", "target"] and [len(w) for w in csv["data"]["train"]] == [1, 1, 1]
     rec = prepare.run(job(tmp_path, store, TFRECORD_MODEL, "rec/good/train-*", "rec/good/test-*", "tfrecord"))
     assert rec["data"]["label"] is None and rec["describe"]["test"][0]["key"] == "rec/good/test-0.tfrecord"
+    # the module's interface as `check` gives it: the controller runs no check of its own beside this one
+    assert rec["interface"] == prepare.check(job(tmp_path, store, TFRECORD_MODEL, "rec/good/train-*", "rec/good/test-*",
+                                                 "tfrecord"))
 
 
 @pytest.mark.parametrize("module, train, test, fmt, workers, error, fragment", [

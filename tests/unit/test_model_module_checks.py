@@ -69,7 +69,10 @@ def test_a_bad_model_module_is_refused_before_anything_exists(home, tmp_path, co
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], res.stderr
     assert "Traceback" not in res.stdout + res.stderr
-    assert list(home.iterdir()) == []
+    # no cluster state; at most the local store's keys, which a listing of data files makes when the store runs
+    # (the module is checked in the same process as the files, after their listing)
+    made = sorted(p.relative_to(home).as_posix() for p in home.rglob("*"))
+    assert made in ([], ["_store", "_store/credentials.env"]), made
     assert _cluster_traces("tfct-mod") == []
 
 
@@ -333,3 +336,17 @@ def test_a_namespace_package_is_judged_by_the_distribution_that_holds_the_import
         path.write_text(source)
         with pytest.raises(ModelModuleError, match=rf"imports {shown} \(tfct-ns-storage\) when it loads \(line 1\)"):
             prepare.check_imports(module, nodes)
+
+
+def test_files_found_are_checked_with_the_module_in_one_process(monkeypatch):
+    """Where the local store holds the job's files, the data's check (which checks the module's interface first,
+    in its own process) stands for the module's check: TensorFlow is imported once, not twice."""
+    from tfcluster import job
+
+    calls = []
+    monkeypatch.setattr(job, "check", lambda spec: calls.append("check") or {"module": "job.py"})
+    monkeypatch.setattr(job, "prepare", lambda spec: calls.append("run") or {"interface": {"module": "job.py"}})
+    assert job.check_with_data(object(), "2 training and 1 test files in s3://b/") == {"module": "job.py"}
+    assert calls == ["run"]
+    assert job.check_with_data(object(), None) == {"module": "job.py"}      # no files: the module's check
+    assert calls == ["run", "check"]

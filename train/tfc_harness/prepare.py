@@ -230,7 +230,8 @@ def run(job: dict) -> dict:
 
 def _run_files(job: dict, source: bytes) -> dict:
     """A stamp of the same job on the same listing holds the whole result: neither the module nor
-    TensorFlow is imported, and no file is read."""
+    TensorFlow is imported, and no file is read.  The result's ``interface`` is what :func:`check` returned
+    (the module's interface is checked first, so its errors come before the data's)."""
     client = _client(job)
     listing = _listing(client, job)
     stamp = _probe_stamp(job, source, json.dumps([job["data"], job["workers"], listing], sort_keys=True).encode())
@@ -238,9 +239,10 @@ def _run_files(job: dict, source: bytes) -> dict:
     if cached is not None:
         return dict(cached, probe="cached")
     module = usermodel.load(job["module"])
-    check(job, module, job.get("every_hparam_read", True))
+    interface = check(job, module, job.get("every_hparam_read", True))
     result, (x, y) = _files(client, job, module, listing)
     _check_on(module, job, x, y)
+    result["interface"] = interface     # what `check` says: the controller need not run it apart
     if stamp is not None:
         _write_stamp(stamp, json.dumps(result))
     return dict(result, probe="checked")
