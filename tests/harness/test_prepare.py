@@ -352,6 +352,12 @@ def test_a_passed_check_of_files_is_not_run_again_until_a_file_changes(store, tm
     assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-2])["probe"] == "checked", proc.stderr
     assert [len(w) for w in json.loads(proc.stdout.splitlines()[-2])["data"]["train"]] == [2]
 
+    # the result stands for the module's check too: other nodes' packages, or a trial's check that did not ask
+    # for every hparam to be read, check again
+    for other in ({"node_packages": {"packages": ["keras", "tensorflow-cpu"]}}, {"every_hparam_read": False}):
+        proc = _run_job(dict(args, **other))
+        assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-2])["probe"] == "checked", proc.stderr
+
     # a test file written again with a text value: checked again, and refused
     s3.put_object(Bucket=BUCKET, Key="csv/stamp/test-0.csv", Body=b"a,b,target\n1,high,3\n")
     stamps = len(list((tmp_path / "probes").iterdir()))

@@ -217,6 +217,7 @@ def test_tfrecord_start(s3_client, bucket):
     length = size.to_bytes(8, "little")
     long = length + tfrecord_files.masked_crc32c(length).to_bytes(4, "little") + b"L" * size + b"\0" * 4
     assert first_record("long.tfrecord", long + good) == long
+    assert fmt.start(s3_client, bucket, "long.tfrecord") == long[:tfrecord_files.HEADER_BYTES]   # kept: the header
     # a file that ends inside its first record: what there is (reading it names the file's truncated record)
     assert first_record("cut.tfrecord", long[:5000]) == long[:5000]
     assert first_record("cut-early.tfrecord", long[:100]) == long[:100]

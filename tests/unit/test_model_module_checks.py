@@ -1,5 +1,6 @@
 """The user's model module is imported (in a subprocess) and checked by `validate` and `up` before anything
-is created: exit status 2, one line naming the module and what is wrong, no traceback, nothing created."""
+is created: exit status 2, one line naming the module and what is wrong, no traceback, no cluster state (where
+the job names files on a running local store, the listing that comes first may make the store's keys)."""
 
 from __future__ import annotations
 
@@ -350,3 +351,41 @@ def test_files_found_are_checked_with_the_module_in_one_process(monkeypatch):
     assert calls == ["run"]
     assert job.check_with_data(object(), None) == {"module": "job.py"}      # no files: the module's check
     assert calls == ["run", "check"]
+
+
+def test_preflight_checks_the_module_before_naming_the_listing_and_imports_tensorflow_once(monkeypatch):
+    """plan and up: the listing (no TensorFlow) first; a module's error still comes before the listing's, and
+    files found are checked with the module in one process."""
+    from types import SimpleNamespace
+
+    from tfcluster import cluster, job
+    from tfcluster.errors import JobError
+
+    calls = []
+    monkeypatch.setattr(cluster, "ClusterState", lambda name: None)
+    monkeypatch.setattr(cluster, "check_fits_the_cluster_up", lambda spec, state: None)
+    monkeypatch.setattr(cluster, "get_provider", lambda name, state: SimpleNamespace(check=lambda spec: None))
+    spec = SimpleNamespace(cluster="tfct-mod", provider="local")
+
+    def listing_fails(spec):
+        calls.append("listing")
+        raise JobError("data.train: s3://nope/train-*: no such bucket")
+
+    def module_fails(spec):
+        calls.append("check")
+        raise JobError("model module job.py has no build_model() function")
+
+    monkeypatch.setattr(job, "check_files", listing_fails)
+    monkeypatch.setattr(job, "check", module_fails)
+    with pytest.raises(JobError, match="has no build_model"):
+        cluster.preflight(spec)
+    assert calls == ["listing", "check"]
+    monkeypatch.setattr(job, "check", lambda spec: calls.append("check") or {"module": "job.py"})
+    with pytest.raises(JobError, match="no such bucket"):       # a good module: the listing's own error
+        cluster.preflight(spec)
+    calls.clear()
+    found = "2 training and 1 test files in s3://b/"
+    monkeypatch.setattr(job, "check_files", lambda spec: calls.append("listing") or found)
+    monkeypatch.setattr(job, "prepare", lambda spec: calls.append("run") or {"interface": {"module": "job.py"}})
+    _, checked = cluster.preflight(spec)
+    assert calls == ["listing", "run"] and checked == {"module": "job.py", "files": found}

@@ -216,11 +216,12 @@ def _check_data_source(job: dict, module: ModuleType) -> None:
 
 def run(job: dict) -> dict:
     """Prepare the run's data; returns ``{"data": settings data | None, "dataset_prefix", "describe",
-    "probe"}`` (``probe``: ``checked``, or ``cached`` when this job's check had passed before).
-    Nothing is stored before the model, its loss and its metrics have worked on a few real examples.  For
-    module arrays ``make_dataset()`` runs before that check (its examples are part of the stamp's key);
-    for files the listing does (their keys, ETags and sizes are); ``validate`` and ``up`` have checked the
-    module's interface before anything else."""
+    "probe"}`` (``probe``: ``checked``, or ``cached`` when this job's check had passed before), and for files
+    ``interface``, what :func:`check` returned.  Nothing is stored before the model, its loss and its metrics
+    have worked on a few real examples.  For module arrays ``make_dataset()`` runs before that check (its
+    examples are part of the stamp's key); for files the listing does (their keys, ETags and sizes are), and
+    the module's interface is checked first (``validate``, ``plan`` and ``up`` of files on the local store run
+    this instead of ``check``)."""
     source = usermodel.resolve_path(job["module"]).read_bytes()   # the bytes imported are the bytes keyed
     if job.get("data"):
         return _run_files(job, source)
@@ -234,7 +235,9 @@ def _run_files(job: dict, source: bytes) -> dict:
     (the module's interface is checked first, so its errors come before the data's)."""
     client = _client(job)
     listing = _listing(client, job)
-    stamp = _probe_stamp(job, source, json.dumps([job["data"], job["workers"], listing], sort_keys=True).encode())
+    # the nodes' packages and whether every hparam must be read are keyed too: the result stands for check()
+    keyed = [job["data"], job["workers"], listing, job.get("node_packages"), job.get("every_hparam_read", True)]
+    stamp = _probe_stamp(job, source, json.dumps(keyed, sort_keys=True).encode())
     cached = _read_stamp(stamp)
     if cached is not None:
         return dict(cached, probe="cached")
@@ -535,7 +538,7 @@ def _check_first_records(client, bucket: str, settings_data: dict, module: Modul
 
 
 #: files whose first records one dataset reads (their bytes are on disk meanwhile)
-FIRST_RECORDS_AT_ONCE = 64
+FIRST_RECORDS_AT_ONCE = 256
 
 
 def _first_examples(read, records: list[tuple[dict, bytes]], bucket: str, parsing: str):

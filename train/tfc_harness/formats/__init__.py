@@ -4,11 +4,12 @@ Each module defines ``FORMAT``, a :class:`Format`; this package finds them (ever
 format is one new module here and nothing else: the cluster file's ``data.format`` (its allowed values and
 description), the controller's check of the files and the workers' reader all go through :func:`get`.
 
-A format has three parts, used in this order:
+A format has these parts, used in this order (the third is optional):
 
 * :meth:`Format.start`, on the controller before anything runs: how one file must start, read with one
   ranged GET (:func:`tfc_harness.sources.first_bytes`), no TensorFlow. Returns what the file's start tells
-  (CSV: its header's column names; TFRecord: its first bytes, up to the end of its first record) or None.
+  (CSV: its header's column names; TFRecord: its first bytes up to the end of its first record, or its
+  header alone when that record is longer than one GET reads) or None.
 * :meth:`Format.columns`, over every file's start: whether they agree (one header for all) and what the
   reader needs to know of them (the column names, or None).
 * :meth:`Format.first_record_file`, from one file's start (and a ranged GET where the start does not hold
@@ -50,7 +51,8 @@ class Format(abc.ABC):
     @abc.abstractmethod
     def start(self, s3_client, bucket: str, key: str) -> object:
         """Check how ``s3://bucket/key`` starts (one ranged GET); ValueError naming the file if it does not
-        start as this format's files do. Returns what :meth:`columns` needs of it (or None)."""
+        start as this format's files do. Returns what :meth:`columns` and :meth:`first_record_file` need of it
+        (or None)."""
 
     def columns(self, bucket: str, keys: list[str], starts: list, label: str | None) -> list[str] | None:
         """Every file's :meth:`start` (``keys`` and ``starts`` in the same order) agree, and the label is among

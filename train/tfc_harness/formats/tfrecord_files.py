@@ -20,15 +20,17 @@ class TfRecord(Format):
 
     def start(self, s3_client, bucket: str, key: str) -> bytes:
         """Raise ValueError naming ``s3://bucket/key`` unless it starts as a TFRecord file does: a record's
-        length and that length's masked CRC-32C (one ranged GET of :data:`START_BYTES`).  Returns those bytes
-        up to the end of the first record (all of it when it is that short)."""
+        length and that length's masked CRC-32C (one ranged GET of :data:`START_BYTES`).  Returns the bytes
+        up to the end of the first record when they hold all of it, else the header alone
+        (:meth:`first_record_file` reads the record then): at most :data:`START_BYTES` are kept a file."""
         from ..sources import first_bytes
 
         head = first_bytes(s3_client, bucket, key, START_BYTES)
         if len(head) < HEADER_BYTES or masked_crc32c(head[:8]) != int.from_bytes(head[8:12], "little"):
             raise ValueError(f"s3://{bucket}/{key}: not a TFRecord file (its first {HEADER_BYTES} bytes are no "
                              f"record's length and checksum); data.format is tfrecord")
-        return head[:_framed(head)]
+        framed = _framed(head)
+        return head[:framed] if framed <= len(head) else head[:HEADER_BYTES]
 
     def first_record_file(self, s3_client, bucket: str, key: str, start: bytes) -> bytes | None:
         """The first record as it is framed in the file (its length, checksums and data: a TFRecord file of
@@ -39,7 +41,7 @@ class TfRecord(Format):
         framed = _framed(start)
         if framed - HEADER_BYTES - 4 > MAX_FIRST_RECORD:
             return None
-        if len(start) < framed and len(start) == START_BYTES:    # the first GET stopped short, not the file
+        if len(start) < framed:     # the header alone: the record's bytes (what there is of them, in a cut file)
             return first_bytes(s3_client, bucket, key, framed)
         return start
 
