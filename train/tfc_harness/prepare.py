@@ -473,13 +473,18 @@ def _each_file(client, spec: dict, listing: dict) -> tuple[list[str] | None, lis
         raise DataError(str(exc)) from None
 
 
+def _reader(settings_data: dict, module: ModuleType):
+    """The workers' reader of these files (:func:`formats.reader`), with the module's ``decode``."""
+    return formats.reader(settings_data["format"], decode=getattr(module, "decode", None),
+                          columns=settings_data["columns"], label=settings_data["label"])
+
+
 def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, first: dict):
     """The first examples of one file, read as the workers will read them."""
     import tensorflow as tf
 
     where = f"s3://{bucket}/{first['key']}"
-    read = formats.reader(settings_data["format"], decode=getattr(module, "decode", None),
-                          columns=settings_data["columns"], label=settings_data["label"])
+    read = _reader(settings_data, module)
     with tempfile.TemporaryDirectory(prefix="tfc-probe-") as tmp:
         path = s3io.download_file(client, bucket, first["key"], Path(tmp) / "probe")
         try:
@@ -520,8 +525,7 @@ def _check_first_records(client, bucket: str, settings_data: dict, module: Modul
     from concurrent.futures import ThreadPoolExecutor
 
     fmt = formats.get(settings_data["format"])
-    read = formats.reader(settings_data["format"], decode=getattr(module, "decode", None),
-                          columns=settings_data["columns"], label=settings_data["label"])
+    read = _reader(settings_data, module)
     want = tuple(tuple(part.shape[1:]) for part in examples)
     pending = list(zip(files, starts, strict=True))
     with ThreadPoolExecutor(max_workers=8) as pool:

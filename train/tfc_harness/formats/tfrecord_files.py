@@ -38,9 +38,9 @@ class TfRecord(Format):
         :meth:`start` did not hold all of it; None when it is longer than :data:`MAX_FIRST_RECORD`."""
         from ..sources import first_bytes
 
-        framed = _framed(start)
-        if framed - HEADER_BYTES - 4 > MAX_FIRST_RECORD:
+        if int.from_bytes(start[:8], "little") > MAX_FIRST_RECORD:
             return None
+        framed = _framed(start)
         if len(start) < framed:     # the header alone: the record's bytes (what there is of them, in a cut file)
             return first_bytes(s3_client, bucket, key, framed)
         return start
