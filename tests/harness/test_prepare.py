@@ -70,6 +70,16 @@ def store(moto_endpoint, tmp_path_factory):
     put("csv/text/train-0.csv", b"a,b,target\n1,2,3\n")
     put("csv/text/train-1.csv", b"a,b,target\n1,2,3\n")
     put("csv/text/test-0.csv", b"a,b,target\n1,high,3\n")
+    # files past the first ones: a first row with a cell that is not a number (CRLF lines), one with a cell
+    # fewer than the header; a file with a header and no row, and one whose first row is left to the nodes (a
+    # quote left open on its line), beside good ones, pass
+    put("csv/rows/train-0.csv", b"a,b,target\n1,2,3\n")
+    put("csv/rows/train-1.csv", b"a,b,target\r\n1,n/a,3\r\n4,5,6\r\n")
+    put("csv/fields/train-0.csv", b"a,b,target\n1,2,3\n")
+    put("csv/fields/train-1.csv", b"a,b,target\n1,2\n")
+    put("csv/sparse/train-0.csv", b"a,b,target\n1,2,3\n")
+    put("csv/sparse/train-1.csv", b"a,b,target\n")
+    put("csv/sparse/train-2.csv", b'a,b,target\n1,"2\n",3\n')
     buf = io.BytesIO()
     path = str(tmp_path_factory.mktemp("records") / "test.tfrecord")
     with tf.io.TFRecordWriter(path) as writer:
@@ -155,6 +165,13 @@ def test_good_csv_and_tfrecord_jobs(store, tmp_path, creds):
      "s3://prep/csv/nolabel/train-0.csv: label column 'target' (data.label) is not in the header (a, b, c)"),
     (CSV_MODEL, "csv/text/train-*", "csv/text/test-*", "csv", 2, prepare.DataError,
      "s3://prep/csv/text/test-0.csv: line 2, column b holds high, not a number (every CSV column must hold numbers)"),
+    # a file past the first training file: its first row, read as the workers will, names it
+    (CSV_MODEL, "csv/rows/train-*", "csv/good/test-*", "csv", 2, prepare.DataError,
+     "s3://prep/csv/rows/train-1.csv: line 2, column b holds n/a, not a number (every CSV column must hold "
+     "numbers)"),
+    (CSV_MODEL, "csv/fields/train-*", "csv/good/test-*", "csv", 2, prepare.DataError,
+     "s3://prep/csv/fields/train-1.csv: reading its first row with CSV parsing failed: InvalidArgumentError: Expect "
+     "3 fields but have 2 in record"),
     (CSV_MODEL, "csv/good/train-*", "csv/good/*", "csv", 2, prepare.DataError,
      "data.train and data.test both match s3://prep/csv/good/train-0.csv"),
     (TFRECORD_MODEL, "rec/garbage/train-*", "rec/garbage/test-*", "tfrecord", 2, prepare.DataError,
@@ -189,6 +206,13 @@ def test_bad_data_is_named_before_training(store, tmp_path, creds, module, train
     with pytest.raises(error) as err:
         prepare.run(job(tmp_path, store, module, train, test, fmt, workers))
     assert fragment in str(err.value), str(err.value)
+
+
+def test_csv_files_without_a_row_the_check_can_read_pass(store, tmp_path, creds):
+    """A header-only file, and one whose first row has a quote open at its line's end, are not read by the
+    first-rows check (the nodes read them)."""
+    got = prepare.run(job(tmp_path, store, CSV_MODEL, "csv/sparse/train-*", "csv/good/test-*", "csv", workers=1))
+    assert [f["key"] for f in got["data"]["train"][0]] == [f"csv/sparse/train-{i}.csv" for i in range(3)]
 
 
 def test_first_records_read_a_few_files_at_a_time_still_name_the_file(store, tmp_path, creds, monkeypatch):

@@ -152,6 +152,22 @@ def test_csv_header(s3_client, bucket):
     assert csv_files.header(s3_client, bucket, "only.csv") == ["x", "y"]
 
 
+def test_csv_start_holds_the_header_and_the_first_row(s3_client, bucket):
+    def start(body: bytes) -> csv_files.CsvStart:
+        s3_client.put_object(Bucket=bucket, Key="s.csv", Body=body)
+        return csv_files.FORMAT.start(s3_client, bucket, "s.csv")
+
+    assert start(b"a,b\r\n1,2\r\n3,4\r\n") == (["a", "b"], b"a,b\r\n1,2\r\n")
+    assert start(b"a,b\n1,2") == (["a", "b"], b"a,b\n1,2\n")            # the file's last line, no newline
+    assert start(b"a,b\n").head is None and start(b"a,b").head is None    # no row
+    assert start(b"a,b\n\n1,2\n").head is None                            # a blank line first: the nodes' part
+    assert start(b'a,b\n1,"2\n",3\n').head is None                         # a quoted cell may hold the newline
+    assert start(b'a,b\n1,"2"\n').head == b'a,b\n1,"2"\n'
+    longer = b"a,b\n" + b"1," * csv_files.HEADER_BYTES          # a first row past the GET: not held
+    assert start(longer).head is None and start(longer).columns == ["a", "b"]
+    assert csv_files.FORMAT.first_record_file(s3_client, bucket, "s.csv", start(b"a,b\n1,2\n")) == b"a,b\n1,2\n"
+
+
 def test_csv_header_reads_only_the_first_bytes(s3_client, bucket):
     body = b"a,b\n" + b"1,2\n" * 100_000
     s3_client.put_object(Bucket=bucket, Key="big.csv", Body=body)

@@ -10,10 +10,10 @@ Nothing is read from storage.  ``validate`` and ``up`` run it.
 * module arrays: calls ``make_dataset()``, stores the arrays under their content hash
   (:func:`tfc_harness.data.ensure_dataset`);
 * files in storage: lists ``data.train``/``data.test``, assigns the training files to the training tasks
-  (disjoint, balanced by size), reads the start of every file (a CSV header, a TFRecord's first record);
+  (disjoint, balanced by size), reads the start of every file (a CSV header and first row, a TFRecord's first record);
 
-then reads a few test and training examples (and each TFRecord file's first record: an error there names the
-file, :func:`_check_first_records`), builds the model and runs it, its loss and its metrics on
+then reads a few test and training examples (and each file's first record, a CSV file's first row: an error
+there names the file, :func:`_check_first_records`), builds the model and runs it, its loss and its metrics on
 them (:func:`tfc_harness.usermodel.check_batch`).  ``train`` runs it when a run starts (on the local store
 ``validate``, ``plan`` and ``up`` already did, for files).  A passed check
 leaves a stamp in ``probe_cache`` (when the job names one) keyed by the module, the hparams, the examples
@@ -503,13 +503,8 @@ def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, f
             raise ModelModuleError(f"model module {usermodel.label(module)}: decode() returns the wrong "
                                    f"structure: {cause(str(exc))}") from None
         except Exception as exc:
-            line = cause(str(exc))
-            own = _ASSERTED.search(line)
-            if own and own.group(1).startswith(f"{path}: "):    # the CSV reader's check of a cell
-                raise DataError(where + own.group(1).removeprefix(str(path))) from None
-            what = formats.get(settings_data["format"]).parsing
-            raise DataError(f"{where}: reading its first records with {what} failed: "
-                            f"{type(exc).__name__}: {line}") from None
+            parsing = formats.get(settings_data["format"]).parsing
+            raise _read_error(where, path, "first records", parsing, exc) from None
     if batch is None:
         raise DataError(f"{where} holds no examples")
     return batch[0].numpy(), batch[1].numpy()
@@ -518,10 +513,11 @@ def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, f
 def _check_first_records(client, bucket: str, settings_data: dict, module: ModuleType, files: list[dict],
                          starts: list, probed: dict, examples: tuple) -> None:
     """Each file's first record, read as the workers will read it, where the format gives one
-    (:meth:`formats.Format.first_record_file`: a TFRecord file's): an error reading it (another schema for
-    ``decode``, a record cut short) or an example whose shapes differ from ``probed``'s ``examples`` (the
-    batches stack them) is named with its file before any node trains, not in the middle of a run.  The
-    records are fetched (8 at once) and read :data:`FIRST_RECORDS_AT_ONCE` files at a time."""
+    (:meth:`formats.Format.first_record_file`: a TFRecord file's first record, a CSV file's first row): an
+    error reading it (another schema for ``decode``, a record cut short, a cell that is not a number) or an
+    example whose shapes differ from ``probed``'s ``examples`` (the batches stack them) is named with its file
+    before any node trains, not in the middle of a run.  The records are fetched (8 at once, where the start
+    does not hold them) and read :data:`FIRST_RECORDS_AT_ONCE` files at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
     fmt = formats.get(settings_data["format"])
@@ -533,9 +529,9 @@ def _check_first_records(client, bucket: str, settings_data: dict, module: Modul
             batch, pending = pending[:FIRST_RECORDS_AT_ONCE], pending[FIRST_RECORDS_AT_ONCE:]
             records = list(pool.map(lambda fs: fmt.first_record_file(client, bucket, fs[0]["key"], fs[1]), batch))
             found = [(f, record) for (f, _), record in zip(batch, records, strict=True) if record is not None]
-            for f, shapes in _first_examples(read, found, bucket, fmt.parsing):
+            for f, shapes in _first_examples(read, found, bucket, fmt):
                 if shapes != want:
-                    raise DataError(f"s3://{bucket}/{f['key']}: its first record gives features of shape "
+                    raise DataError(f"s3://{bucket}/{f['key']}: its first {fmt.record} gives features of shape "
                                     f"{shapes[0]} and a label of shape {shapes[1]}, where s3://{bucket}/"
                                     f"{probed['key']}'s give {want[0]} and {want[1]}: every example must have "
                                     f"the same shapes (batches stack them)")
@@ -545,9 +541,9 @@ def _check_first_records(client, bucket: str, settings_data: dict, module: Modul
 FIRST_RECORDS_AT_ONCE = 256
 
 
-def _first_examples(read, records: list[tuple[dict, bytes]], bucket: str, parsing: str):
-    """``(file, shapes of its example)`` for each of ``records`` (a file and a file of its first record),
-    read with ``read`` in one dataset; DataError naming the file whose record fails."""
+def _first_examples(read, records: list[tuple[dict, bytes]], bucket: str, fmt: formats.Format):
+    """``(file, shapes of its example)`` for each of ``records`` (a file and a file of its first record, of
+    format ``fmt``), read with ``read`` in one dataset; DataError naming the file whose record fails."""
     import tensorflow as tf
 
     if not records:
@@ -557,16 +553,25 @@ def _first_examples(read, records: list[tuple[dict, bytes]], bucket: str, parsin
         for path, (_, record) in zip(paths, records, strict=True):
             path.write_bytes(record)
         got = iter(read(tf.data.Dataset.from_tensor_slices([str(p) for p in paths])))
-        for f, _ in records:        # one example a file, in the files' order
+        for (f, _), path in zip(records, paths, strict=True):      # one example a file, in the files' order
             where = f"s3://{bucket}/{f['key']}"
             try:
                 example = next(got)
             except StopIteration:
-                raise DataError(f"{where}: its first record gives no example") from None
+                raise DataError(f"{where}: its first {fmt.record} gives no example") from None
             except Exception as exc:
-                raise DataError(f"{where}: reading its first record with {parsing} failed: "
-                                f"{type(exc).__name__}: {cause(str(exc))}") from None
+                raise _read_error(where, path, f"first {fmt.record}", fmt.parsing, exc) from None
             yield f, tuple(tuple(part.shape) for part in example)
+
+
+def _read_error(where: str, path, what: str, parsing: str, exc: Exception) -> DataError:
+    """The DataError naming ``where`` (an S3 file) for ``exc``, raised reading ``what`` of its local copy
+    ``path`` with ``parsing``: the CSV reader's own message about a cell as it is, with ``where`` for the path."""
+    line = cause(str(exc))
+    own = _ASSERTED.search(line)
+    if own and own.group(1).startswith(f"{path}: "):
+        return DataError(where + own.group(1).removeprefix(str(path)))
+    return DataError(f"{where}: reading its {what} with {parsing} failed: {type(exc).__name__}: {line}")
 
 
 #: a failed ``tf.debugging.Assert``'s message in TensorFlow's error

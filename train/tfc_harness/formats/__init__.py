@@ -8,8 +8,8 @@ A format has these parts, used in this order (the third is optional):
 
 * :meth:`Format.start`, on the controller before anything runs: how one file must start, read with one
   ranged GET (:func:`tfc_harness.sources.first_bytes`), no TensorFlow. Returns what the file's start tells
-  (CSV: its header's column names; TFRecord: its first bytes up to the end of its first record, or its
-  header alone when that record is longer than one GET reads) or None.
+  (CSV: its header's column names and its first row; TFRecord: its first bytes up to the end of its first
+  record, or its header alone when that record is longer than one GET reads) or None.
 * :meth:`Format.columns`, over every file's start: whether they agree (one header for all) and what the
   reader needs to know of them (the column names, or None).
 * :meth:`Format.first_record_file`, from one file's start (and a ranged GET where the start does not hold
@@ -47,6 +47,8 @@ class Format(abc.ABC):
     named_columns: bool = False
     #: what turns a file's records into examples, for errors: "decode()", "CSV parsing"
     parsing: str = ""
+    #: what one of its records is called, for errors: "record", "row"
+    record: str = "record"
 
     @abc.abstractmethod
     def start(self, s3_client, bucket: str, key: str) -> object:

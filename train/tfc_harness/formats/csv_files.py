@@ -4,6 +4,7 @@ Every file starts with the same header line (checked per file against ``columns`
 float32 scalar and every other column, in header order, one float32 in the features vector. Cells are read
 as text and converted in chunks of :data:`CHUNK` rows, so that a cell that is not a number fails with the
 file, line, column and value instead of TensorFlow's bare "Field 1 in record is not a valid float".
+The controller's check reads each file's header and first row from one ranged GET (:class:`CsvStart`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import csv
 from collections import Counter
 from collections.abc import Callable
+from typing import NamedTuple
 
 from . import Format
 
@@ -21,24 +23,37 @@ NUMBER = (r"\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|0[xX][0-9a-fA
           r"|(?i:inf|infinity|nan))\s*")
 
 
+class CsvStart(NamedTuple):
+    """What a CSV file's first :data:`HEADER_BYTES` tell: its header's column names and ``head``, the bytes of
+    its header line and first row (a CSV file of that row alone), or None where the file has no row or its
+    first row does not end within those bytes."""
+    columns: list[str]
+    head: bytes | None
+
+
 class Csv(Format):
     name = "csv"
     summary = "a header line naming the columns, data.label among them; every other column a number"
     named_columns = True
     parsing = "CSV parsing"
+    record = "row"
 
-    def start(self, s3_client, bucket: str, key: str) -> list[str]:
-        return header(s3_client, bucket, key)
+    def start(self, s3_client, bucket: str, key: str) -> CsvStart:
+        return read_start(s3_client, bucket, key)
 
-    def columns(self, bucket: str, keys: list[str], starts: list, label: str | None) -> list[str]:
-        first = starts[0]
+    def columns(self, bucket: str, keys: list[str], starts: list[CsvStart], label: str | None) -> list[str]:
+        first = starts[0].columns
         found = problems(first, label)
         if found:
             raise ValueError(f"s3://{bucket}/{keys[0]}: " + "; ".join(found))
         for key, other in zip(keys, starts, strict=True):
-            if other != first:
-                raise ValueError(f"s3://{bucket}/{key}: its header {other} differs from {keys[0]}'s {first}")
+            if other.columns != first:
+                raise ValueError(f"s3://{bucket}/{key}: its header {other.columns} differs from {keys[0]}'s {first}")
         return first
+
+    def first_record_file(self, s3_client, bucket: str, key: str, start: CsvStart) -> bytes | None:
+        """The header line and the first row, from :meth:`start`'s GET (no other)."""
+        return start.head
 
     def reader(self, *, decode: Callable | None, columns: list[str] | None, label: str | None) -> Callable:
         if decode is not None:
@@ -54,11 +69,17 @@ FORMAT = Csv()
 
 def header(s3_client, bucket: str, key: str) -> list[str]:
     """The column names on the first line of ``s3://bucket/key`` (read with a ranged GET)."""
+    return read_start(s3_client, bucket, key).columns
+
+
+def read_start(s3_client, bucket: str, key: str) -> CsvStart:
+    """The header of ``s3://bucket/key`` and its first row (one ranged GET of :data:`HEADER_BYTES`);
+    ValueError naming the file when its first line is no CSV header."""
     from ..sources import first_bytes
 
     what = f"s3://{bucket}/{key}"
     head = first_bytes(s3_client, bucket, key, HEADER_BYTES)
-    line, newline, _ = head.partition(b"\n")
+    line, newline, rest = head.partition(b"\n")
     if not newline and len(head) >= HEADER_BYTES:
         raise ValueError(f"{what}: no end of the header line in its first {HEADER_BYTES} bytes")
     text = line.decode("utf-8-sig", errors="replace").rstrip("\r")
@@ -69,7 +90,18 @@ def header(s3_client, bucket: str, key: str) -> list[str]:
         raise ValueError(f"{what}: its header is not UTF-8 text (re-save the file as UTF-8)")
     if not text.strip():
         raise ValueError(f"{what}: the first line (the CSV header) is empty")
-    return [name.strip() for name in next(csv.reader([text]))]
+    return CsvStart([name.strip() for name in next(csv.reader([text]))],
+                    _first_row(line, rest, whole=len(head) < HEADER_BYTES))
+
+
+def _first_row(line: bytes, rest: bytes, whole: bool) -> bytes | None:
+    """The header ``line`` and the first row of ``rest`` (what follows the header's newline) as a CSV file of
+    that row, or None: no row, a row that may go on past the bytes read (``whole``: the GET read the file to
+    its end), or one whose quotes are not closed on its line (a quoted cell holding a newline)."""
+    row, newline, _ = rest.partition(b"\n")
+    if not row.strip() or not (newline or whole) or row.count(b'"') % 2:
+        return None
+    return line + b"\n" + row + b"\n"
 
 
 def problems(columns: list[str] | None, label: str | None) -> list[str]:
