@@ -46,12 +46,12 @@ def test_watchdog_fails_the_chief_after_max_runtime(tmp_path):
     assert status["phase"] == "failed" and "max_runtime_s=1 exceeded" in status["error"]
 
 
-def run_chief_alone(tmp_path, moto_endpoint, bucket, run, dataset_prefix, max_runtime_s):
+def run_chief_alone(tmp_path, moto_endpoint, bucket, run, dataset_prefix, max_runtime_s, **settings_values):
     """A chief's process whose ps and worker never start (free ports): its result and the cluster it had."""
     cluster = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}"],
                "chief": [f"127.0.0.1:{free_port()}"]}
     settings = example_settings(
-        state_dir=str(tmp_path / "chief"), max_runtime_s=max_runtime_s,
+        state_dir=str(tmp_path / "chief"), max_runtime_s=max_runtime_s, **settings_values,
         tf_config={"cluster": cluster, "task": {"type": "chief", "index": 0}},
         s3={"endpoint": moto_endpoint, "region": "us-east-1", "bucket": bucket, "run_prefix": f"runs/{run}/1",
             "checkpoint_prefix": f"runs/{run}/ckpt", "dataset_prefix": dataset_prefix})
@@ -66,9 +66,13 @@ def run_chief_alone(tmp_path, moto_endpoint, bucket, run, dataset_prefix, max_ru
 def test_chief_without_peers_exits_with_a_clear_error(s3_client, moto_endpoint, tmp_path):
     s3_client.create_bucket(Bucket="lonely")
     dataset = data.ensure_dataset(s3_client, "lonely", "datasets/digits", "digits")["prefix"]
-    proc, cluster = run_chief_alone(tmp_path, moto_endpoint, "lonely", "l", dataset, max_runtime_s=15)
+    # the start timeout bounds the wait (a run's training.start_timeout_seconds); the runtime cap leaves room for
+    # the chief's start: 15 s of it was once all gone before the wait began (TensorFlow's import and the data's
+    # download beside another test file, the machine at its slow phase), and the runtime watchdog ended the chief
+    proc, cluster = run_chief_alone(tmp_path, moto_endpoint, "lonely", "l", dataset, max_runtime_s=120,
+                                    start_timeout_s=5)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "ERROR: chief failed in phase 'starting': HarnessError: peers not reachable" in proc.stderr
+    assert "ERROR: chief failed in phase 'starting': HarnessError: peers not reachable after 5s" in proc.stderr
     assert f"ps/0 ({cluster['ps'][0]})" in proc.stderr and f"worker/0 ({cluster['worker'][0]})" in proc.stderr
     assert "testing" not in proc.stdout + proc.stderr        # credentials never printed
     status = json.loads((tmp_path / "chief" / "status.json").read_text())
