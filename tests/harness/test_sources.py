@@ -147,9 +147,9 @@ def test_assign_refuses_a_worker_without_data():
 
 def test_csv_header(s3_client, bucket):
     s3_client.put_object(Bucket=bucket, Key="h.csv", Body=b"\xef\xbb\xbf a , b,\"c,d\",target\r\n1,2,3,4\r\n")
-    assert csv_files.header(s3_client, bucket, "h.csv") == ["a", "b", "c,d", "target"]
+    assert csv_files.read_start(s3_client, bucket, "h.csv").columns == ["a", "b", "c,d", "target"]
     s3_client.put_object(Bucket=bucket, Key="only.csv", Body=b"x,y")
-    assert csv_files.header(s3_client, bucket, "only.csv") == ["x", "y"]
+    assert csv_files.read_start(s3_client, bucket, "only.csv").columns == ["x", "y"]
 
 
 def test_csv_start_holds_the_header_and_the_first_row(s3_client, bucket):
@@ -174,27 +174,27 @@ def test_csv_header_reads_only_the_first_bytes(s3_client, bucket):
     seen = []
     s3_client.meta.events.register("after-call.s3.GetObject",
                                    lambda parsed, **kw: seen.append(parsed["ContentLength"]))
-    assert csv_files.header(s3_client, bucket, "big.csv") == ["a", "b"]
+    assert csv_files.read_start(s3_client, bucket, "big.csv").columns == ["a", "b"]
     assert seen and seen[0] <= csv_files.HEADER_BYTES < len(body)
 
 
 def test_csv_header_problems(s3_client, bucket):
     s3_client.put_object(Bucket=bucket, Key="empty.csv", Body=b"")
     with pytest.raises(ValueError, match="empty.csv: the first line .* is empty"):
-        csv_files.header(s3_client, bucket, "empty.csv")
+        csv_files.read_start(s3_client, bucket, "empty.csv")
     s3_client.put_object(Bucket=bucket, Key="long.csv", Body=b"a" * (csv_files.HEADER_BYTES + 10))
     with pytest.raises(ValueError, match="no end of the header line"):
-        csv_files.header(s3_client, bucket, "long.csv")
+        csv_files.read_start(s3_client, bucket, "long.csv")
     with pytest.raises(s3io.TransferError, match="missing.csv"):
-        csv_files.header(s3_client, bucket, "missing.csv")
+        csv_files.read_start(s3_client, bucket, "missing.csv")
     s3_client.put_object(Bucket=bucket, Key="latin1.csv", Body="Größe,y\n1,2\n".encode("latin-1"))
     with pytest.raises(ValueError, match=r"latin1.csv: its header is not UTF-8 text \(re-save the file as UTF-8\)"):
-        csv_files.header(s3_client, bucket, "latin1.csv")
+        csv_files.read_start(s3_client, bucket, "latin1.csv")
     s3_client.put_object(Bucket=bucket, Key="utf8.csv", Body="\ufeffGröße,y\n1,2\n".encode("utf-8"))
-    assert csv_files.header(s3_client, bucket, "utf8.csv") == ["Größe", "y"]
+    assert csv_files.read_start(s3_client, bucket, "utf8.csv").columns == ["Größe", "y"]
     s3_client.put_object(Bucket=bucket, Key="binary.csv", Body=b"\x5a\x00\x00\x00\x00\x00\x00\x00abcd\n")
     with pytest.raises(ValueError, match="binary.csv: its first line is not text"):
-        csv_files.header(s3_client, bucket, "binary.csv")
+        csv_files.read_start(s3_client, bucket, "binary.csv")
 
 
 def test_an_empty_csv_header_is_refused_once_named_by_the_check_of_the_listing(s3_client, bucket):

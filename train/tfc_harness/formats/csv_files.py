@@ -67,11 +67,6 @@ class Csv(Format):
 FORMAT = Csv()
 
 
-def header(s3_client, bucket: str, key: str) -> list[str]:
-    """The column names on the first line of ``s3://bucket/key`` (read with a ranged GET)."""
-    return read_start(s3_client, bucket, key).columns
-
-
 def read_start(s3_client, bucket: str, key: str) -> CsvStart:
     """The header of ``s3://bucket/key`` and its first row (one ranged GET of :data:`HEADER_BYTES`);
     ValueError naming the file when its first line is no CSV header."""
