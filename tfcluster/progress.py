@@ -122,9 +122,12 @@ class ChiefWatch:
 
     def _eta(self, task: dict) -> float | None:
         """Seconds left at the steps' rate since the step seen first moved on: that first step (0, or where a
-        resumed run starts) waits for the loop's first call, which traces the step function and is slow."""
+        resumed run starts) waits for the loop's first call, which traces the step function and is slow. Out of
+        the training phase (a restarted chief starts again, from its checkpoint) the base is dropped: the rate
+        is taken afresh once the restarted loop's first call is over, not across the restart's pause."""
         step, total = task.get("step", 0), task.get("total", 0)
         if task.get("phase") != "training":
+            self.first_step = self.since = self.last_eta = None
             return None
         now = time.monotonic()
         if self.first_step is None:

@@ -610,3 +610,20 @@ def test_make_status_of_a_cluster_that_is_down_shows_how_its_last_run_ended(stat
     out = capsys.readouterr().out.splitlines()
     assert out == [f"cluster {state.cluster}: not up (no {state.nodes})",
                    "run r3: verify_failed, test auc 0.8869 (s3://b/runs/c/r3/)"], out
+
+
+def test_the_eta_starts_afresh_after_the_chief_restarts(monkeypatch):
+    """A chief restarted mid-run (its phase leaves training) resumes from its checkpoint: the ETA's rate is taken
+    again from the restarted loop's steps, not across the restart's pause."""
+    watch = progress.ChiefWatch(None, NODES[0], 1.0)
+    clock = iter([0.0, 1.0, 2.0, 3.0, 100.0, 101.0, 102.0, 103.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    training_at = {"phase": "training", "total": 1000}
+    for step in (0, 100, 200):
+        watch._eta(training_at | {"step": step})
+    assert watch._eta(training_at | {"step": 300}) == pytest.approx((1000 - 300) / 100)
+    assert watch._eta({"phase": "starting", "step": 0, "total": 1000}) is None     # restarted: ~100 s pass
+    assert watch._eta(training_at | {"step": 200}) is None      # resumed at its checkpoint; the first call traces
+    assert watch._eta(training_at | {"step": 250}) is None      # the base
+    # 150 steps a second since the restarted loop's first call (across the restart: 300 steps in 102 s, ~204 s)
+    assert watch._eta(training_at | {"step": 400}) == pytest.approx((1000 - 400) / 150)
