@@ -35,3 +35,16 @@ def test_upload_prune_and_download_latest(s3_client, tmp_path):
     assert step == 400 and prefix == tmp_path / "restore" / "ckpt-400"
     assert sorted(p.name for p in (tmp_path / "restore").iterdir()) == [
         "ckpt-400.data-00000-of-00002", "ckpt-400.data-00001-of-00002", "ckpt-400.index"]
+
+
+def test_local_steps_count_complete_checkpoints_and_pruning_keeps_the_newest(tmp_path):
+    for step in (100, 200, 300, 400):
+        _fake_checkpoint(tmp_path, step)
+    (tmp_path / "ckpt-500.data-00000-of-00001").write_bytes(b"being written")    # no .index yet
+    (tmp_path / "ckpt-5x.index").write_bytes(b"not a step")
+    assert checkpoints.local_steps(tmp_path) == [100, 200, 300, 400]
+    checkpoints.prune_local(tmp_path, keep=3)
+    assert checkpoints.local_steps(tmp_path) == [200, 300, 400]
+    assert not list(tmp_path.glob("ckpt-100.*"))
+    assert (tmp_path / "ckpt-500.data-00000-of-00001").exists()     # the checkpoint still being written stays
+    assert checkpoints.local_steps(tmp_path / "none") == []

@@ -67,3 +67,65 @@ def test_restore_takes_the_newest_of_local_and_s3(s3_client, moto_endpoint, tmp_
     beyond, _ = make(settings.model_copy(update={"steps": 15}), s3_client, 0.0)
     with pytest.raises(HarnessError, match="checkpoint step 20 is beyond steps=15"):
         beyond.restore()
+
+
+def test_a_function_traced_for_variables_is_built_again_only_for_others():
+    from tfc_harness.traced import TracedFor
+
+    built = []
+    variables = [object(), object()]
+    fn = TracedFor(lambda: variables, lambda now: built.append(list(now)) or (lambda x: x * 2))
+    assert fn(2) == 4 and fn(3) == 6 and len(built) == 1
+    variables.append(object())      # other variables now: built again, for them
+    assert fn(1) == 2 and len(built) == 2 and built[-1] == variables
+
+
+def test_a_traced_checkpoint_write_is_traced_once_and_restores_what_it_saved(tmp_path):
+    """Where a checkpoint spans tasks the write runs in one traced function (TensorFlow traces a new one for
+    every eager save there): the saves after the first do not trace; its files restore the values saved."""
+    import keras
+    import tensorflow as tf
+    from tfc_harness import traced
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    step = tf.Variable(0, dtype=tf.int64)
+    checkpoint = tf.train.Checkpoint(model=model, step=step)
+    _ = checkpoint.save_counter     # as the Saver makes it
+    write = traced.checkpoint_write(checkpoint, tf.train.CheckpointOptions(), lambda: model.variables)
+    for n in (1, 2, 3):
+        step.assign(n)
+        model.set_weights([np.full((3, 2), n, np.float32), np.zeros(2, np.float32)])
+        write(str(tmp_path / f"ckpt-{n}"))
+    assert write.fn.experimental_get_tracing_count() == 1
+    assert checkpoints.local_steps(tmp_path) == [1, 2, 3]
+
+    step.assign(0)
+    model.set_weights([np.zeros((3, 2), np.float32), np.zeros(2, np.float32)])
+    checkpoint.restore(str(tmp_path / "ckpt-2")).assert_existing_objects_matched()
+    assert int(step.numpy()) == 2 and model.get_weights()[0][0, 0] == 2.0
+
+
+def test_the_traced_finite_check_sees_a_nan_in_any_float_variable():
+    import tensorflow as tf
+    from tfc_harness import traced
+
+    weights = [tf.Variable([1.0, 2.0]), tf.Variable(3, dtype=tf.int64), tf.Variable([[0.5]])]
+    finite = traced.all_finite(lambda: weights)
+    assert finite() is True
+    weights[2].assign([[float("nan")]])
+    assert finite() is False
+    weights[2].assign([[float("inf")]])
+    assert finite() is False
+    assert traced.all_finite(lambda: [])() is True
+
+
+def test_local_checkpoints_beyond_the_newest_three_are_removed(s3_client, moto_endpoint, tmp_path):
+    s3_client.create_bucket(Bucket="ckpt-keep")
+    raw = example_settings(state_dir=str(tmp_path), steps=50)
+    raw["s3"].update(endpoint=moto_endpoint, bucket="ckpt-keep")
+    saver, _ = make(validate(raw), s3_client, 1.0)
+    assert saver.restore() == 0
+    for step in (10, 20, 30, 40):
+        saver.save(step)
+    assert checkpoints.local_steps(saver.directory) == [20, 30, 40]
+    assert checkpoints.saved_steps(s3_client, "ckpt-keep", saver.settings.s3.checkpoint_prefix) == [20, 30, 40]

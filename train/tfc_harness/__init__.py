@@ -9,9 +9,10 @@ Modules, one job each: ``runner`` (process setup, dispatch to the node's strateg
 (pydantic model), ``strategies`` (shape table, ``Strategy`` interface, registry; no TensorFlow import),
 ``parameter_server`` (that strategy), ``server`` (serving tasks, a worker's shard), ``chief`` (sequences
 the node that runs the loop), ``loop`` (train/report/checkpoint), ``steps`` (one replica's step), ``saver``
-(restore/save checkpoints), ``peers`` (start barrier, peer monitor), ``watchdogs`` (runtime and stall),
-``unpublished`` (marker), ``records`` (worker shard, tf.data), ``checkpoints`` (S3 mirror of checkpoints),
-``publish`` (SavedModel export and upload), ``manifest`` (sha256 list), ``evaluate``, ``verify``,
+(restore/save checkpoints), ``traced`` (functions traced once for a set of variables), ``peers`` (start
+barrier, peer monitor), ``watchdogs`` (runtime and stall), ``unpublished`` (marker), ``records`` (worker
+shard, tf.data), ``checkpoints`` (local checkpoints kept, mirrored to S3), ``publish`` (SavedModel export
+and upload), ``manifest`` (sha256 list), ``evaluate``, ``verify``,
 ``data`` (datasets in S3), ``s3io`` (boto3 client, retrying transfers), ``status`` (status.json, progress
 lines), ``usermodel`` (loading and calling ``models/<name>.py``), ``errors`` (``HarnessError``,
 ``ModelModuleError``: one-line messages for the operator).

@@ -1,8 +1,10 @@
-"""Mirroring ``tf.train.CheckpointManager`` checkpoints to ``s3://<bucket>/<checkpoint_prefix>/``.
+"""The chief's checkpoint files: kept locally and mirrored to ``s3://<bucket>/<checkpoint_prefix>/``.
 
-A checkpoint numbered N is the local files ``ckpt-N.*`` (``.index`` plus one or more ``.data-*``).  In
-S3 they sit flat under the prefix, the ``.index`` uploaded last, so a checkpoint counts as complete once
-its ``.index`` key exists.  Pure boto3; TensorFlow is only used by the chief around these helpers.
+A checkpoint numbered N is the local files ``ckpt-N.*`` (``.index`` plus one or more ``.data-*``), as
+``tf.train.Checkpoint.write`` leaves them (its ``.index`` is written last: a checkpoint is complete once it
+exists).  In S3 they sit flat under the prefix, the ``.index`` uploaded last, so a checkpoint counts as
+complete once its ``.index`` key exists.  Pure boto3; TensorFlow is only used by the chief around these
+helpers (:class:`tfc_harness.saver.Saver`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,21 @@ def checkpoint_files(local_dir: str | Path, step: int) -> list[Path]:
     if not any(f.suffix == ".index" for f in files):
         raise FileNotFoundError(f"no {PREFIX}-{step}.index in {local_dir}")
     return sorted(files, key=lambda f: (f.suffix == ".index", f.name))
+
+
+def local_steps(local_dir: str | Path) -> list[int]:
+    """Steps of the complete checkpoints in ``local_dir``, ascending."""
+    found = (_INDEX.match(path.name) for path in Path(local_dir).glob(f"{PREFIX}-*.index"))
+    return sorted(int(match.group(1)) for match in found if match)
+
+
+def prune_local(local_dir: str | Path, keep: int = KEEP) -> None:
+    """Remove all but the newest ``keep`` complete checkpoints from ``local_dir`` (a checkpoint still being
+    written, its ``.index`` not there yet, is left). The ``.index`` goes first: a removal cut short leaves
+    data files no step counts, never an ``.index`` without its data."""
+    for step in local_steps(local_dir)[:-keep]:
+        for path in reversed(checkpoint_files(local_dir, step)):
+            path.unlink(missing_ok=True)
 
 
 def saved_steps(s3_client, bucket: str, prefix: str, **retries) -> list[int]:

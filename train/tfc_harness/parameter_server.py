@@ -57,6 +57,7 @@ class ParameterServer(Strategy):
     # the chief's interpreter shutdown (the coordinator's threads, TensorFlow's teardown) took ~1 s after
     # everything was published and reported: time every run waited for
     ends_without_shutdown = True
+    variables_on_other_tasks = True     # the model's and the optimizer's: on the parameter servers
 
     def runs_loop(self) -> bool:
         return self.settings.role == "chief"

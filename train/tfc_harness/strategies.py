@@ -129,6 +129,10 @@ class Strategy(abc.ABC):
     #: whether a task that ran the loop ends at once when done, skipping the interpreter's shutdown
     #: (:func:`tfc_harness.runner.end_now`)
     ends_without_shutdown = False
+    #: whether the model's variables sit on other tasks than the loop's (the parameter servers): the loop's
+    #: task then reads them in functions traced once (:mod:`tfc_harness.traced`: the finite check and the
+    #: checkpoint's write before each save), not op by op, a round trip each
+    variables_on_other_tasks = False
 
     def __init__(self, settings):
         self.settings = settings
