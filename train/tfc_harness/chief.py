@@ -31,18 +31,17 @@ import dataclasses
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 from . import evaluate as evaluation
-from . import inputs, loop, preemption, publish, s3io, traced, unpublished, usermodel, watchdogs
+from . import inputs, loop, preemption, publish, s3io, unpublished, usermodel, watchdogs
 from .errors import FINAL_EXIT_CODE, FinalError, described, is_final
 from .peers import PeerMonitor
 from .saver import Saver
 from .settings import Settings
 from .status import ChiefState
-from .steps import all_finite, make_replica_step
+from .steps import make_replica_step
 from .strategies import Strategy
 from .summaries import NoSummaries, Summaries, learning_rate_of
 
@@ -160,7 +159,7 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
         loop_time = loop.train(train_fn, state, examples_per_step=strategy.examples_per_step(),
                                    checkpoint_every=settings.checkpoint_every, save=save,
                                    on_report=job.summaries.training,
-                                   notices=notices, finite=finite_check(strategy, model, optimizer))
+                                   notices=notices, finite=saver.finite)
     return Trained(model, restored, loop_time, monitor)
 
 
@@ -218,17 +217,6 @@ def check_job(job: Job) -> None:
     # A throwaway copy: variables made before the strategy connects cannot be used after it did.
     probe = usermodel.build_model(job.module, job.example_shape, job.hparams)
     usermodel.check_batch(job.module, probe, x, y, job.loss, job.data_format)
-
-
-def finite_check(strategy: Strategy, model, optimizer) -> Callable[[], bool]:
-    """``finite()`` before each save: whether the weights and the optimizer's state are all finite (in one
-    function traced once where they sit on other tasks, :func:`tfc_harness.traced.all_finite`)."""
-    def variables():
-        return [*model.weights, *optimizer.variables]
-
-    if strategy.variables_on_other_tasks:
-        return traced.all_finite(variables)
-    return lambda: all_finite(variables())
 
 
 def build_distributed(strategy: Strategy, job: Job, learning_rate: float):

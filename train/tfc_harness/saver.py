@@ -10,7 +10,8 @@ Where the model's variables sit on other tasks (the parameter servers:
 TensorFlow traces a new function for every eager save of it (its ``MultiDeviceSaver``: ~0.2 s a checkpoint of
 the digits model here, and a retracing warning in the log from the fifth on); ``Checkpoint.write`` in one
 function of its own (:func:`tfc_harness.traced.checkpoint_write`) writes the same files (~0.02 s), traced again
-only when the variables it saves are others.
+only when the variables it saves are others; so does the check that they are finite, a round trip to the ps
+a variable when eager (:func:`tfc_harness.traced.all_finite`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shutil
 
 from . import checkpoints, traced, unpublished
 from .errors import FinalError
+from .steps import all_finite
 
 
 def log(msg: str) -> None:
@@ -26,7 +28,8 @@ def log(msg: str) -> None:
 
 
 class Saver:
-    """``restore()`` once, then ``save(step)`` at each checkpoint boundary."""
+    """``restore()`` once, then ``save(step)`` at each checkpoint boundary (``finite()`` before it: whether the
+    weights and the optimizer's state it would save are all finite)."""
 
     def __init__(self, strategy, s3_client, model, optimizer):
         import tensorflow as tf
@@ -39,9 +42,15 @@ class Saver:
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self.step_var)
         # made now: a restore makes it and expects it in the files it reads (CheckpointManager.save made it)
         _ = self.checkpoint.save_counter
-        self.write = (traced.checkpoint_write(self.checkpoint, self.options,
-                                              lambda: (*model.variables, *optimizer.variables))
-                      if strategy.variables_on_other_tasks else self._write_eagerly)
+        def variables():
+            return [*model.variables, *optimizer.variables]
+
+        if strategy.variables_on_other_tasks:
+            self.write = traced.checkpoint_write(self.checkpoint, self.options, variables)
+            self.finite = traced.all_finite(variables)
+        else:
+            self.write = self._write_eagerly
+            self.finite = lambda: all_finite(variables())
 
     def _write_eagerly(self, prefix: str) -> None:
         self.checkpoint.write(prefix, options=self.options)
