@@ -19,6 +19,11 @@ KEEP = 3
 _INDEX = re.compile(rf"^{PREFIX}-(\d+)\.index$")
 
 
+def local_prefix(local_dir: str | Path, step: int) -> Path:
+    """The path checkpoint ``step`` is written to and restored from in ``local_dir`` (its files' common prefix)."""
+    return Path(local_dir) / f"{PREFIX}-{step}"
+
+
 def checkpoint_files(local_dir: str | Path, step: int) -> list[Path]:
     """Local files of checkpoint ``step``, data files first and the ``.index`` last."""
     files = sorted(Path(local_dir).glob(f"{PREFIX}-{step}.*"))
@@ -75,4 +80,4 @@ def download_latest(s3_client, bucket: str, prefix: str, local_dir: str | Path) 
         name = key.rsplit("/", 1)[-1]
         if name.startswith(wanted):
             s3io.download_file(s3_client, bucket, key, Path(local_dir) / name)
-    return step, Path(local_dir) / f"{PREFIX}-{step}"
+    return step, local_prefix(local_dir, step)

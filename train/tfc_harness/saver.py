@@ -67,7 +67,8 @@ class Saver:
         local_step = (checkpoints.local_steps(self.directory) or [0])[-1]
         s3_steps = checkpoints.saved_steps(self.client, s3.bucket, s3.checkpoint_prefix)
         if local_step and self.strategy.prefers_local_checkpoints() and local_step > (s3_steps[-1] if s3_steps else 0):
-            step = self._restore_from(self._prefix(local_step), " (local, newer than S3)")
+            step = self._restore_from(str(checkpoints.local_prefix(self.directory, local_step)),
+                                      " (local, newer than S3)")
         else:
             latest = checkpoints.download_latest(self.client, s3.bucket, s3.checkpoint_prefix, self.directory)
             step = self._restore_from(str(latest[1]), "") if latest else 0
@@ -80,16 +81,13 @@ class Saver:
         scratch one (TensorFlow needs every task of a synchronous strategy to save), deleted at once."""
         self.step_var.assign(step)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.write(self._prefix(step))
+        self.write(str(checkpoints.local_prefix(self.directory, step)))
         if self.strategy.writes_published_checkpoints():
             checkpoints.prune_local(self.directory)
             self._upload(step)
         else:
             shutil.rmtree(self.directory, ignore_errors=True)
         log(f"checkpoint saved at step {step}")
-
-    def _prefix(self, step: int) -> str:
-        return str(self.directory / f"{checkpoints.PREFIX}-{step}")
 
     def _upload(self, step: int) -> None:
         s3 = self.settings.s3
