@@ -54,3 +54,33 @@ def test_a_size_is_reported_when_it_moves_by_half_or_more():
     assert d.observe([1] * 10, seconds=0.05) is True     # 5 ms a step: 10
     assert d.observe([10] * 2, seconds=0.08) is False    # 4 ms a step: 12, within half of 10
     assert d.observe([12] * 2, seconds=0.024) is True    # 1 ms a step: 50
+
+
+def test_a_call_cut_short_below_the_planned_size_does_not_retune():
+    d = Dispatch(workers=2, target_s=0.05)
+    d.steps = 25
+    # 3 steps to a checkpoint: functions of 2 and 1 steps, each mostly the dispatch's own cost
+    assert d.observe(d.plan(3), seconds=0.05) is False
+    assert d.steps == 25
+
+
+def simulated_call(d: Dispatch, n: int, dispatch_s: float, step_s: float) -> tuple[list[int], float]:
+    """The plan of a call of ``n`` steps and its time: each worker runs its share of the functions one after
+    another, each costing the dispatch plus its steps."""
+    sizes = d.plan(n)
+    per_worker = [0.0] * d.workers
+    for i, k in enumerate(sizes):
+        per_worker[i % d.workers] += dispatch_s + k * step_s
+    return sizes, max(per_worker)
+
+
+@pytest.mark.parametrize("dispatch_s, step_s", [(0.040, 0.015), (0.010, 0.003), (0.002, 0.0015)])
+def test_the_default_target_packs_steps_even_where_one_steps_dispatch_costs_more_than_its_step(dispatch_s, step_s):
+    """Measured at the slow phase (digits, 1 ps, 2 workers): a one-step function took ~55 ms, of which ~40 ms
+    the dispatch's. With a target below one function's time the size stayed 1 and most of the time went to
+    dispatching; the default leaves the dispatch a small part of each function's time."""
+    d = Dispatch(workers=2)
+    for _ in range(8):
+        d.observe(*simulated_call(d, 400, dispatch_s, step_s))
+    assert d.steps > 1
+    assert dispatch_s / (dispatch_s + d.steps * step_s) < 0.25
