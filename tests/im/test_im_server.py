@@ -117,3 +117,23 @@ def test_operator_commands_with_im_client(im_server, auth_file, ssh_keypair, tmp
     assert "Contextualization disabled" in im_client("getcontmsg", inf_id)
     assert "successfully destroyed" in im_client("destroy", "-y", inf_id)
     assert inf_id not in ImClient(im_server["url"], auth_file).list_ids()
+
+
+def test_an_interrupted_up_is_found_and_destroyed_at_once(im_server, auth_file, ssh_keypair, tmp_path):
+    """An up interrupted right after its asynchronous create, its id not recorded: down at once finds it by
+    the token (IM may still read its RADL empty) and destroys it (IM may still refuse while adding it)."""
+    private, public = ssh_keypair
+    spec = spec_for(1, 1, 1, options={"im_url": im_server["url"], "auth_file": str(auth_file),
+                                      "adopt_local": "true", "image_url": ""}, cluster="tfct-im2")
+    provider = ImProvider(ClusterState("tfct-im2", root=tmp_path))
+    client = ImClient(im_server["url"], auth_file)
+    adopted = [radl_render.AdoptedNode(f"tfct-im2-{r}-0", r, 0, f"127.0.0.{30 + n}")
+               for n, r in enumerate(("ps", "worker", "chief"))]
+    radl = radl_render.render(spec, {**spec.provider_options, "cloud_id": "dn"}, adopted=adopted,
+                              token="cafecafecafecafe", credentials=radl_render.Credentials("root", public, private))
+    provider._write_record({"cluster": "tfct-im2", "im_url": im_server["url"], "auth_file": str(auth_file),
+                            "adopt_local": False, "timeout": 60, "token": "cafecafecafecafe", "inf_id": None})
+    inf_id = client.create(radl)
+    provider.down_im()
+    assert inf_id not in client.list_ids()
+    assert not provider.record_path.exists()

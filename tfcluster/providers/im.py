@@ -277,10 +277,43 @@ class ImClient:
     def radl(self, inf_id: str) -> str:
         return self._call("GET", f"/infrastructures/{inf_id}/radl", headers={"Accept": "text/plain"}).text
 
-    def destroy(self, inf_id: str, timeout: float) -> bool:
-        """Destroy an infrastructure; False when IM does not know it (already gone)."""
-        resp = self._call("DELETE", f"/infrastructures/{inf_id}", ok=(200, 404), timeout=timeout)
-        return resp.status_code == 200
+    def destroy(self, inf_id: str, timeout: float, on_wait=None) -> bool:
+        """Destroy an infrastructure; False when IM does not know it (already gone).  IM refuses (HTTP 409)
+        while it still adds the resources of an asynchronous create (launching the VMs: minutes on a cloud),
+        which is where a ``down`` right after an interrupted ``up`` finds it: asked again every
+        :data:`POLL_S` until ``timeout`` (``on_wait()`` is called once, for a progress line)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            resp = self._call("DELETE", f"/infrastructures/{inf_id}", ok=(200, 404, 409), timeout=timeout)
+            if resp.status_code != 409:
+                return resp.status_code == 200
+            if time.monotonic() + POLL_S > deadline:
+                raise ProvisionError(f"IM at {self.url}: DELETE /infrastructures/{inf_id}: HTTP 409 for "
+                                     f"{timeout:.0f}s: IM was still adding its resources (run down again)")
+            if on_wait:
+                on_wait()
+                on_wait = None
+            time.sleep(POLL_S)
+
+
+#: how long an infrastructure IM lists with an empty RADL is read again before it is judged not ours
+RADL_FILL_WAIT_S = 10.0
+
+
+def _filled_radl(client: ImClient, inf_id: str) -> str:
+    """The infrastructure's RADL. An asynchronous create (as ``up`` makes) lists the infrastructure at once
+    with an empty RADL, and fills it in a thread of IM's a moment later: an ``up`` interrupted right after
+    its create, then ``down`` (or ``leftovers``) searching by token at once, read it empty under load (a CI
+    run's IM test) and would have left the infrastructure, its VMs included. An empty one is read again
+    until it fills or :data:`RADL_FILL_WAIT_S` passes."""
+    texts: list[str] = []
+
+    def filled() -> bool:
+        texts.append(client.radl(inf_id))
+        return bool(texts[-1].strip())
+
+    poll.wait_until(filled, RADL_FILL_WAIT_S, interval=0.2)
+    return texts[-1]
 
 
 def nodes_from_vms(cluster: str, vms: list[tuple[str, list[dict]]], gpus: dict[str, int]) -> list[Node]:
@@ -573,7 +606,7 @@ class ImProvider(Provider):
         found = []
         for inf_id in client.list_ids():
             try:
-                text = client.radl(inf_id)
+                text = _filled_radl(client, inf_id)
             except ProvisionError:
                 continue
             if f"tfcluster_token = '{token}'" in text and f"tfcluster_cluster = '{cluster}'" in text:
@@ -590,7 +623,10 @@ class ImProvider(Provider):
             self._find_by_token(client, rec.get("token", ""), rec.get("cluster", self.state.cluster))
         for inf_id in ids:
             start = time.monotonic()
-            gone_already = not client.destroy(inf_id, timeout=max(self._timeout(rec), 60))
+            gone_already = not client.destroy(
+                inf_id, timeout=max(self._timeout(rec), 60),
+                on_wait=None if quiet else lambda i=inf_id: say(f"IM infrastructure {i}: IM is still adding its "
+                                                                "resources; destroying it once it has"))
             if not quiet:
                 say(f"IM infrastructure {inf_id}: " + ("already gone" if gone_already else
                                                         f"destroyed in {time.monotonic() - start:.1f}s"))
