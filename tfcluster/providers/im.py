@@ -282,18 +282,19 @@ class ImClient:
         while it still adds the resources of an asynchronous create (launching the VMs: minutes on a cloud),
         which is where a ``down`` right after an interrupted ``up`` finds it: asked again every
         :data:`POLL_S` until ``timeout`` (``on_wait()`` is called once, for a progress line)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            resp = self._call("DELETE", f"/infrastructures/{inf_id}", ok=(200, 404, 409), timeout=timeout)
-            if resp.status_code != 409:
-                return resp.status_code == 200
-            if time.monotonic() + POLL_S > deadline:
-                raise ProvisionError(f"IM at {self.url}: DELETE /infrastructures/{inf_id}: HTTP 409 for "
-                                     f"{timeout:.0f}s: IM was still adding its resources (run down again)")
-            if on_wait:
+        codes: list[int] = []
+
+        def answered() -> bool:
+            codes.append(self._call("DELETE", f"/infrastructures/{inf_id}", ok=(200, 404, 409),
+                                    timeout=timeout).status_code)
+            if codes == [409] and on_wait:
                 on_wait()
-                on_wait = None
-            time.sleep(POLL_S)
+            return codes[-1] != 409
+
+        if not poll.wait_until(answered, timeout, POLL_S):
+            raise ProvisionError(f"IM at {self.url}: DELETE /infrastructures/{inf_id}: HTTP 409 for "
+                                 f"{timeout:.0f}s: IM was still adding its resources (run down again)")
+        return codes[-1] == 200
 
 
 #: how long an infrastructure IM lists with an empty RADL is read again before it is judged not ours

@@ -23,7 +23,7 @@ LOSS_SAMPLES = 8              # remote losses fetched per train(n) call
 #: the dispatch's own cost (the coordinator's round trip, the function's start on the worker and its variable
 #: reads from the ps), so the target must be well above that cost: at 0.05 s a one-step function of the digits
 #: CNN took ~55 ms at this machine's slow phase, the size never left 1 and the loop ran 2,535-2,730 examples/s;
-#: at 0.25 s, 3,868-4,242 (4-11 steps a function; 1200-step trains on a local 4-node cluster, interleaved)
+#: at 0.25 s, 3,868-4,404 (3-12 steps a function; 1200-step trains on a local 4-node cluster, interleaved)
 DISPATCH_TARGET_S = 0.25
 MAX_STEPS_PER_DISPATCH = 200
 
