@@ -145,8 +145,9 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
         saver.save(step)
         job.summaries.upload()      # with each checkpoint: a run in progress can be looked at
 
+    replica_step = make_replica_step(model, optimizer, job.loss, strategy.weights_io(model))
     train_fn = noting(strategy, optimizer, state,
-                      strategy.make_train_fn(make_replica_step(model, optimizer, job.loss),
+                      strategy.make_train_fn(replica_step,
                                              strategy.make_dataset(job.input.dataset_fn(settings.batch_size))))
     log(f"training {settings.steps - restored} steps on {settings.num_training_tasks} training tasks "
         f"(batch {settings.batch_size}, learning rate {settings.learning_rate})")

@@ -102,6 +102,16 @@ class ParameterServer(Strategy):
 
         return not_atomic_updates(optimizer)
 
+    def weights_io(self, model):
+        """The weights read and the gradients sent in one tensor per ps and dtype (:mod:`tfc_harness.packing`),
+        but for variables too large for that to pay."""
+        from .packing import PACK_MAX_VARIABLE_BYTES, Packed
+
+        packed = Packed.for_model(model)
+        print("parameter_server: " + (packed.describe() if packed else "the trainable weights read and sent one "
+                                      f"at a time (each over {PACK_MAX_VARIABLE_BYTES >> 20} MiB)"), flush=True)
+        return packed
+
     def make_dataset(self, dataset_fn):
         return iter(self.coordinator.create_per_worker_dataset(dataset_fn))
 

@@ -8,15 +8,21 @@ loop of several steps a strategy's function runs.
 
 from __future__ import annotations
 
+import contextlib
 
-def make_replica_step(model, optimizer, loss):
+
+def make_replica_step(model, optimizer, loss, weights=None):
     """One step on one replica's batch; ``loss(y_true, y_pred)`` is the module's loss (see
-    :func:`tfc_harness.usermodel.loss_fn`).  Returns the batch's mean loss."""
+    :func:`tfc_harness.usermodel.loss_fn`).  Returns the batch's mean loss.  ``weights`` is how the step reads
+    the trainable weights and sends their gradients (:meth:`tfc_harness.strategies.Strategy.weights_io`):
+    None, the model reads its own variables; a :class:`tfc_harness.packing.Packed`, in one tensor per ps."""
     import tensorflow as tf
 
     leave_replica_scaling_to_the_step()
+    weights = weights or OwnVariables(model)
+
     def replica_step(x, y):
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, weights.reading(tape) as values:
             out = model(x, training=True)
             value = tf.reduce_mean(loss(y, out))
             if model.losses:
@@ -24,11 +30,25 @@ def make_replica_step(model, optimizer, loss):
             # The optimizer sums the replicas' gradients (one replica per task under a synchronous strategy, one
             # per step under parameter servers): scaled, the update follows the mean over all replicas' batches.
             scaled = value / tf.distribute.get_replica_context().num_replicas_in_sync
-        grads = tape.gradient(scaled, model.trainable_variables)
+        grads = weights.send(tape.gradient(scaled, values))
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return value
 
     return replica_step
+
+
+class OwnVariables:
+    """The plain way: the model reads its variables, and the gradients go to the optimizer as they are."""
+
+    def __init__(self, model):
+        self.model = model
+
+    @contextlib.contextmanager
+    def reading(self, _tape):
+        yield self.model.trainable_variables
+
+    def send(self, grads: list) -> list:
+        return grads
 
 
 def leave_replica_scaling_to_the_step() -> None:

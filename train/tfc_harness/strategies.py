@@ -212,6 +212,11 @@ class Strategy(abc.ABC):
         :meth:`scope`, before the optimizer is built.  Here: the module's, as it is."""
         return optimizer, None
 
+    def weights_io(self, model):
+        """How a replica step reads ``model``'s trainable weights and sends their gradients (the ``weights`` of
+        :func:`tfc_harness.steps.make_replica_step`).  Here None: the model reads its own variables."""
+        return None
+
     def training_note(self, optimizer) -> str | None:
         """A line for the user about the optimizer that only its traced train step shows (called after each
         ``train(n)`` call; a line already noted is not noted again), or None.  Here: none."""
