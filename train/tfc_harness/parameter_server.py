@@ -109,7 +109,8 @@ class ParameterServer(Strategy):
 
         packed = Packed.for_model(model)
         print("parameter_server: " + (packed.describe() if packed else "the trainable weights read and sent one "
-                                      f"at a time (each over {PACK_MAX_VARIABLE_BYTES >> 20} MiB)"), flush=True)
+                                      f"at a time (none packable: each over {PACK_MAX_VARIABLE_BYTES >> 20} MiB, or "
+                                      "not a Keras variable)"), flush=True)
         return packed
 
     def make_dataset(self, dataset_fn):
