@@ -113,3 +113,48 @@ def test_two_replicas_report_and_apply_the_same_loss_as_one_process(tmp_path):
         (loss_one, weight_one), (loss_two, weight_two) = ([float(v) for v in got[k].split()] for k in ("one", "two"))
         assert weight_one != 1.0, got                       # the step moved the weight
         assert abs(loss_two - loss_one) < 1e-5 and abs(weight_two - weight_one) < 1e-6, (module_loss, got)
+
+
+SCALED_PROBE = """
+import sys
+sys.path.insert(0, {train!r})
+import numpy as np
+import tensorflow as tf
+import keras
+from tfc_harness import steps
+
+x = np.array([[1.0], [2.0], [3.0], [4.0]], np.float32)
+y = np.array([1.0, -2.0, 5.0, 0.5], np.float32)
+
+
+def one_step(optimizer):
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")])
+    optimizer.build(model.trainable_variables)
+    batches = iter(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
+    replica_step = steps.make_replica_step(model, optimizer, lambda yt, yp: tf.square(yt - tf.squeeze(yp, -1)))
+    run = tf.function(lambda n: steps.run_steps(tf.distribute.get_strategy(), replica_step, batches, n))
+    return float(run(tf.constant(1, tf.int64))), float(model.trainable_variables[0].numpy()[0, 0])
+
+
+for name, optimizer in (("plain", keras.optimizers.SGD(0.01)),
+                        ("loss_scale", keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))),
+                        ("factor", keras.optimizers.SGD(0.01, loss_scale_factor=128.0))):
+    print(name, "%.6f %.6f" % one_step(optimizer))
+"""
+
+
+def test_the_loss_is_scaled_as_the_optimizer_asks(tmp_path):
+    """A LossScaleOptimizer (a mixed-precision module's) divides its loss scale (2**15 at first) out of the
+    gradients, and so does any optimizer given a ``loss_scale_factor``: the step scales the loss for it, so the
+    update is the unscaled optimizer's (it was 2**15 times smaller), and the loss reported is the loss."""
+    probe = tmp_path / "probe.py"          # a file: AutoGraph converts the loop from its source
+    probe.write_text(SCALED_PROBE.format(train=str(TRAIN_DIR)))
+    res = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=120,
+                         env={"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [line.split() for line in res.stdout.splitlines()]
+    got = {row[0]: [float(v) for v in row[1:]] for row in rows if row and row[0] in ("plain", "loss_scale", "factor")}
+    loss, weight = got["plain"]
+    assert weight != 1.0                                  # the step moved the weight
+    for name in ("loss_scale", "factor"):
+        assert abs(got[name][0] - loss) < 1e-6 and abs(got[name][1] - weight) < 1e-6, (name, got)

@@ -29,7 +29,10 @@ def make_replica_step(model, optimizer, loss, weights=None):
                 value += tf.add_n(model.losses)
             # The optimizer sums the replicas' gradients (one replica per task under a synchronous strategy, one
             # per step under parameter servers): scaled, the update follows the mean over all replicas' batches.
-            scaled = value / tf.distribute.get_replica_context().num_replicas_in_sync
+            # And scaled as the optimizer asks (a LossScaleOptimizer's loss scale, a loss_scale_factor), which
+            # its update divides out of the gradients: without it a mixed-precision module's LossScaleOptimizer
+            # took steps 2**15 times too small.
+            scaled = optimizer.scale_loss(value / tf.distribute.get_replica_context().num_replicas_in_sync)
         grads = weights.send(tape.gradient(scaled, values))
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return value
