@@ -4,8 +4,8 @@ ps trains exactly as the step that reads each variable itself.
 A ParameterServerStrategy on an in-process cluster (2 ps, 1 worker, so that the scheduled functions run in
 order) trains the same model from the same seed both ways, with the harness's default optimizer under
 ``parameter_server``: a Dense layer with a weight and an activity regulariser (the model's own losses),
-BatchNormalization (statistics the call assigns), Dropout (a seed the call advances) and an Embedding (a
-sparse gradient, sent as it is).
+BatchNormalization (statistics the call assigns), Dropout (a seed the call advances), a layer with a metric of
+its own (state the model does not list) and an Embedding (a sparse gradient, sent as it is).
 """
 
 from __future__ import annotations
@@ -45,13 +45,26 @@ x, y = rng.random((64, 6)).astype(np.float32), rng.integers(0, 3, 64)
 tokens = rng.integers(0, 20, (64, 3)).astype(np.int32)
 
 
+class Counting(keras.layers.Layer):     # state the model does not list: a metric of its own
+
+    def __init__(self):
+        super().__init__()
+        self.seen = keras.metrics.Sum()
+
+    def call(self, x, training=False):
+        self.seen.update_state(keras.ops.sum(x))
+        return x
+
+
 def build():
     num, tok = keras.Input((6,)), keras.Input((3,), dtype="int32")
     h = keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01),
                            activity_regularizer=keras.regularizers.L1(0.01))(num)
-    h = keras.layers.Dropout(0.3)(keras.layers.BatchNormalization()(h))
+    counting = Counting()
+    h = counting(keras.layers.Dropout(0.3)(keras.layers.BatchNormalization()(h)))
     e = keras.layers.Flatten()(keras.layers.Embedding(20, 4)(tok))
-    return keras.Model([num, tok], keras.layers.Dense(3)(keras.layers.Concatenate()([h, e])))
+    model = keras.Model([num, tok], keras.layers.Dense(3)(keras.layers.Concatenate()([h, e])))
+    return model, counting
 
 
 def loss(y_true, y_pred):
@@ -74,7 +87,7 @@ LIMITS = {{"packed": packing.PACK_MAX_VARIABLE_BYTES, "mixed": 300}}
 def train(mode):
     keras.utils.set_random_seed(1)
     with strategy.scope():
-        model, optimizer = build(), LockedAdam(0.01)
+        (model, counting), optimizer = build(), LockedAdam(0.01)
         optimizer.build(model.trainable_variables)
     start = [v.numpy() for v in model.variables]
     weights = packed_for(model, LIMITS[mode]) if mode in LIMITS else None
@@ -90,7 +103,7 @@ def train(mode):
              "moved": [bool(np.any(a != b)) for a, b in zip(start, end)], "end": [e.tolist() for e in end],
              "groups": sorted(d for d, _ in weights.groups) if weights else None,
              "kinds": [len(weights.whole), len(weights.unmapped)] if weights else None,
-             "too_large": packed_for(model, 0) is not None}}
+             "too_large": packed_for(model, 0) is not None, "seen": float(counting.seen.result())}}
 
 
 print(json.dumps({{mode: train(mode) for mode in ("own", "packed", "mixed")}}))
@@ -112,4 +125,6 @@ def test_packed_weights_train_exactly_as_each_variable_read_by_itself(tmp_path):
     # every variable moved (the seed by the 12 steps' Dropout, the statistics by BatchNormalization's updates)
     assert all(own["moved"]) and all(packed["moved"]) and all(mixed["moved"]), own["paths"]
     assert own["end"] == packed["end"] == mixed["end"]     # the same arithmetic: bit for bit
+    # and the same assignments to state the model does not list
+    assert own["seen"] != 0 and own["seen"] == packed["seen"] == mixed["seen"], (own["seen"], packed["seen"])
     assert not packed["too_large"]                         # no variable small enough: no packing

@@ -13,9 +13,10 @@ reading each variable on loopback (ps, 2 workers and a chief as processes, 10 an
 function); 4,504-5,205 against 3,895-4,120 on a local 4-node cluster (1200-step trains).
 
 A variable over :data:`PACK_MAX_VARIABLE_BYTES` is not packed: there the bytes are the cost, and packing
-copies them twice more; and an ``Embedding``'s lookup reads only the rows it needs where packing would ship
-the whole table every step.  The model reads such a variable as it reads it without packing (one with a
-regulariser, whose loss reads it whole anyway, as one tensor of its own).  A sparse gradient
+copies them twice more (a lookup that reads only some rows of a table would also ship all of it; Keras 3's
+own ``Embedding`` on TensorFlow reads its whole table either way, its ``take`` converting the variable to a
+tensor first).  The model reads such a variable as it reads it without packing (one with a regulariser, whose
+loss reads it whole anyway, as one tensor of its own).  A sparse gradient
 (``tf.IndexedSlices``) or a gradient that is None goes as it is.
 """
 
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+
+import keras
 
 #: a variable above this many bytes is read as the model reads it, not packed (the module's text)
 PACK_MAX_VARIABLE_BYTES = 1 << 20
@@ -49,8 +52,6 @@ class Packed:
     def for_model(cls, model) -> Packed | None:
         """A :class:`Packed` for ``model``, or None when none of its trainable variables is small enough, or one
         is not a Keras variable (which a Keras ``StatelessScope`` cannot map)."""
-        import keras
-
         if not all(isinstance(v, keras.Variable) for v in model.trainable_variables):
             return None
         packed = cls(model)
@@ -68,20 +69,16 @@ class Packed:
     def reading(self, tape):
         """Inside a replica step: yields what the gradients are taken against, one per trainable variable: the
         value the model computes on (on this task, watched by ``tape``) or, where not mapped, the variable; on
-        leaving, the updates the model's call made to its variables
-        (BatchNormalization's statistics, a Dropout's seed) are applied to them."""
-        import keras
+        leaving, every assignment the call made is applied (BatchNormalization's statistics, a Dropout's seed, a
+        layer's own metric)."""
 
         values = self._read()
         mapping = [(self.variables[i], values[i]) for i in range(len(values)) if i not in self.unmapped]
         tape.watch([value for _, value in mapping])
-        given = {id(v): value for v, value in mapping}
-        with keras.StatelessScope(mapping, collect_losses=True) as scope:
+        with RecordingScope(mapping) as scope:
             yield values
-            updates = [(v, scope.get_current_value(v)) for v in self.model.variables]
-        for v, new in updates:
-            if new is not None and new is not given.get(id(v)):
-                v.assign(new)
+        for v, new in scope.updates():
+            v.assign(new)
 
     def send(self, grads: list) -> list:
         """The gradients (in the variables' order) on the devices of their variables: the dense ones of each
@@ -116,6 +113,24 @@ class Packed:
 
     def _size(self, i: int) -> int:
         return math.prod(self.variables[i].shape)
+
+
+class RecordingScope(keras.StatelessScope):
+    """A Keras ``StatelessScope`` (it maps variables to values and holds back every assignment made inside it)
+    that also keeps which variables were assigned: Keras keeps only their ids, and a variable the model does not
+    list (a layer's own metric) is assigned too.  Collects the model's own losses."""
+
+    def __init__(self, mapping):
+        super().__init__(mapping, collect_losses=True)
+        self.assigned: dict[int, object] = {}
+
+    def add_update(self, update):
+        super().add_update(update)
+        self.assigned[id(update[0])] = update[0]
+
+    def updates(self) -> list:
+        """``(variable, value)`` of each variable assigned inside the scope, its last value."""
+        return [(v, self.get_current_value(v)) for v in self.assigned.values()]
 
 
 def variable_bytes(v) -> int:
