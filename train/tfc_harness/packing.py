@@ -71,7 +71,6 @@ class Packed:
         value the model computes on (on this task, watched by ``tape``) or, where not mapped, the variable; on
         leaving, every assignment the call made is applied (BatchNormalization's statistics, a Dropout's seed, a
         layer's own metric)."""
-
         values = self._read()
         mapping = [(self.variables[i], values[i]) for i in range(len(values)) if i not in self.unmapped]
         tape.watch([value for _, value in mapping])
