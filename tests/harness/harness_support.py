@@ -26,6 +26,19 @@ _PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "grpc_proxy", "HTTP_PRO
                "ALL_PROXY")
 
 
+def run_probe(tmp_path: Path, source: str, timeout: float = 120, env: dict | None = None) -> str:
+    """Run ``source`` as a file (AutoGraph converts a traced loop from its source) in a fresh Python with
+    TensorFlow's logs quiet and ``TMPDIR`` in ``tmp_path`` (AutoGraph's files, and their bytecode, which
+    TensorFlow's exit leaves, stay out of /tmp); asserts it succeeded and returns its stdout."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(source)
+    res = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=timeout,
+                         env={"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path),
+                              **(env or {})})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -11,10 +11,8 @@ its own (state the model does not list) and an Embedding (a sparse gradient, sen
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from harness_support import TRAIN_DIR
+from harness_support import TRAIN_DIR, run_probe
 
 PROBE = """
 import json, socket, sys
@@ -111,12 +109,7 @@ print(json.dumps({{mode: train(mode) for mode in ("own", "packed", "mixed")}}))
 
 
 def test_packed_weights_train_exactly_as_each_variable_read_by_itself(tmp_path):
-    probe = tmp_path / "probe.py"          # a file: AutoGraph converts the loop from its source
-    probe.write_text(PROBE.format(train=str(TRAIN_DIR)))
-    res = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=240,
-                         env={"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)})
-    assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = json.loads(run_probe(tmp_path, PROBE.format(train=str(TRAIN_DIR)), timeout=240).strip().splitlines()[-1])
     own, packed, mixed = got["own"], got["packed"], got["mixed"]
     ps = ["/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"]
     assert packed["groups"] == ps and packed["kinds"] == [0, 0]        # everything packed, from both ps

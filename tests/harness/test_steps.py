@@ -9,10 +9,7 @@ weight of 0, a squared error of ``i**2``; step s gives replica 0 example 2s and 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from harness_support import TRAIN_DIR
+from harness_support import TRAIN_DIR, run_probe
 
 PROBE = """
 import sys
@@ -46,16 +43,10 @@ print("replica step traced", len(traced), "times for", strategy.num_replicas_in_
 
 
 def test_n_steps_per_call_and_the_last_steps_mean_loss_over_two_replicas(tmp_path):
-    probe = tmp_path / "probe.py"          # a file: AutoGraph converts the loop from its source
-    probe.write_text(PROBE.format(train=str(TRAIN_DIR)))
-    res = subprocess.run([sys.executable, str(probe)], capture_output=True,
-                         text=True, timeout=120, env={"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin",
-                                                      "TMPDIR": str(tmp_path)})   # AutoGraph's files, and
-    # their bytecode in __pycache__ (which TensorFlow's exit leaves), stay out of /tmp
-    assert res.returncode == 0, res.stderr[-3000:]
+    lines = run_probe(tmp_path, PROBE.format(train=str(TRAIN_DIR))).splitlines()
     # calls of 1, 3 and 2 steps end at steps 0, 3 and 5: mean of (2s)**2 and (2s+1)**2
-    assert res.stdout.splitlines()[-4:-1] == ["1 0.5 1", "3 42.5 4", "2 110.5 6"]
-    assert res.stdout.splitlines()[-1] == "replica step traced 2 times for 2 replicas"   # once per replica
+    assert lines[-4:-1] == ["1 0.5 1", "3 42.5 4", "2 110.5 6"]
+    assert lines[-1] == "replica step traced 2 times for 2 replicas"   # once per replica
 
 
 KERAS_LOSS_PROBE = """
@@ -104,12 +95,8 @@ def test_two_replicas_report_and_apply_the_same_loss_as_one_process(tmp_path):
     four). A Keras loss (``mse``, wrapped as the harness wraps a module's) and a regularised weight: one step
     on two replicas reports the loss of one process's step on the same examples and moves the weight as far."""
     for module_loss in ("mse", "mean_absolute_error"):
-        probe = tmp_path / "probe.py"
-        probe.write_text(KERAS_LOSS_PROBE.format(train=str(TRAIN_DIR), loss=module_loss))
-        res = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=120,
-                             env={"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)})
-        assert res.returncode == 0, res.stderr[-3000:]
-        got = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("one ", "two ")))
+        out = run_probe(tmp_path, KERAS_LOSS_PROBE.format(train=str(TRAIN_DIR), loss=module_loss))
+        got = dict(line.split(" ", 1) for line in out.splitlines() if line.startswith(("one ", "two ")))
         (loss_one, weight_one), (loss_two, weight_two) = ([float(v) for v in got[k].split()] for k in ("one", "two"))
         assert weight_one != 1.0, got                       # the step moved the weight
         assert abs(loss_two - loss_one) < 1e-5 and abs(weight_two - weight_one) < 1e-6, (module_loss, got)
@@ -147,12 +134,7 @@ def test_the_loss_is_scaled_as_the_optimizer_asks(tmp_path):
     """A LossScaleOptimizer (a mixed-precision module's) divides its loss scale (2**15 at first) out of the
     gradients, and so does any optimizer given a ``loss_scale_factor``: the step scales the loss for it, so the
     update is the unscaled optimizer's (it was 2**15 times smaller), and the loss reported is the loss."""
-    probe = tmp_path / "probe.py"          # a file: AutoGraph converts the loop from its source
-    probe.write_text(SCALED_PROBE.format(train=str(TRAIN_DIR)))
-    res = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=120,
-                         env={"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)})
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = [line.split() for line in res.stdout.splitlines()]
+    rows = [line.split() for line in run_probe(tmp_path, SCALED_PROBE.format(train=str(TRAIN_DIR))).splitlines()]
     got = {row[0]: [float(v) for v in row[1:]] for row in rows if row and row[0] in ("plain", "loss_scale", "factor")}
     loss, weight = got["plain"]
     assert weight != 1.0                                  # the step moved the weight

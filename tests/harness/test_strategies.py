@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness_support import TRAIN_DIR, example_settings
+from harness_support import TRAIN_DIR, example_settings, run_probe
 from tfc_harness import strategies
 from tfc_harness.settings import validate
 
@@ -134,11 +134,6 @@ def test_multi_worker_mirrored_agrees_on_stopping_and_on_the_next_chunk_through_
     The agreement between several tasks runs in test_e2e_mwms (3 tasks): calls that differed would hang it."""
     from tfc_harness import multi_worker
 
-    probe = tmp_path / "probe.py"
-    probe.write_text(AGREE_PROBE.format(train=str(TRAIN_DIR)))
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parent),
-           "TMPDIR": str(tmp_path)}      # AutoGraph's files and their bytecode: not in /tmp
-    res = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=120, env=env)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.splitlines()[-4:] == ["False 37 False 37", "True 5 True 5", "False 0 False 1",
-                                            f"False {1 << 40} False {multi_worker.MAX_CHUNK}"]
+    out = run_probe(tmp_path, AGREE_PROBE.format(train=str(TRAIN_DIR)), env={"PYTHONPATH": str(Path(__file__).parent)})
+    assert out.splitlines()[-4:] == ["False 37 False 37", "True 5 True 5", "False 0 False 1",
+                                     f"False {1 << 40} False {multi_worker.MAX_CHUNK}"]
