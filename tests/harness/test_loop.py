@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import time
@@ -36,6 +37,36 @@ def test_next_chunk_aims_at_the_target_time():
     assert loop.next_chunk(10, 0.05, target_s=0.5) == 100     # fast steps: bigger chunks
     assert loop.next_chunk(10, 5.0, target_s=0.5) == 1        # slow steps: never below 1
     assert loop.next_chunk(10, 0.0, target_s=0.5) == 5000    # a zero duration does not divide by zero
+
+
+def test_next_chunk_is_whole_rounds_of_the_steps_that_keep_every_task_busy():
+    assert loop.next_chunk(10, 0.05, target_s=0.5, round_steps=8) == 96      # 100 steps: 12 rounds of 8
+    assert loop.next_chunk(2, 0.75, target_s=0.5, round_steps=2) == 2        # 1.3 steps: still one round
+    assert loop.next_chunk(1, 0.75, target_s=0.5, round_steps=2) == 2
+    assert loop.next_chunk(10, 0.05, target_s=0.5, round_steps=0) == 100     # no round: as for 1
+
+
+def test_steps_longer_than_the_chunk_target_still_keep_two_parallel_workers_busy(tmp_path, monkeypatch):
+    """A model whose step takes longer than the chunk target on 2 workers that run a call's steps in parallel:
+    without rounds the chunk fell to 1 step, one worker idle a whole call (shapes32 under parameter_server)."""
+    calls = []
+
+    def two_workers(n):
+        calls.append(n)
+        time.sleep(0.03 * -(-n // 2))        # each worker runs its half of the steps, 30 ms each
+        return [0.5] * n
+
+    def run(round_steps):
+        calls.clear()
+        loop.train(two_workers, ChiefState(tmp_path, total=30), examples_per_step=4, checkpoint_every=1000,
+                   save=lambda step: None, round_steps=round_steps)
+        return list(calls)
+
+    monkeypatch.setattr(loop, "next_chunk", functools.partial(loop.next_chunk, target_s=0.02))
+    assert run(lambda: 1)[1:4] == [1, 1, 1]            # the old way: one step a call
+    chunks = run(lambda: 2)
+    assert chunks[0] == loop.FIRST_CHUNK and sum(chunks) == 30
+    assert all(n % 2 == 0 for n in chunks), chunks
 
 
 def test_train_runs_every_step_checkpoints_at_boundaries_and_reports(tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from harness_support import TRAIN_DIR, example_settings, run_probe
 from tfc_harness import strategies
+from tfc_harness.parameter_server import Dispatch
 from tfc_harness.settings import validate
 
 
@@ -55,6 +56,11 @@ def test_parameter_server_roles():
         assert node.prefers_local_checkpoints() is True
     chief = cls(validate(example_settings(state_dir="/srv/state")))
     assert str(chief.checkpoint_dir()) == "/srv/state/checkpoints/20261122-0415-ab12"
+    # a call keeps each worker busy with one function of the dispatch's current size
+    assert chief.settings.num_workers == 2 and chief.steps_per_round() == 2
+    chief.dispatch = Dispatch(chief.settings.num_workers)
+    chief.dispatch.steps = 12
+    assert chief.steps_per_round() == 24
 
 
 @pytest.mark.parametrize("counts, problems", [
@@ -91,6 +97,7 @@ def test_multi_worker_mirrored_roles():
         assert node.prefers_local_checkpoints() is False
         assert settings.training_index == share and settings.num_training_tasks == 3
         assert node.examples_per_step() == 3 * 64
+        assert node.steps_per_round() == 1        # every task takes part in every step
         scratch = "20261122-0415-ab12" if role == "chief" else "scratch-20261122-0415-ab12"
         assert str(node.checkpoint_dir()) == f"/srv/state/checkpoints/{scratch}"
 

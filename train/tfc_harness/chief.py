@@ -160,7 +160,7 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
         loop_time = loop.train(train_fn, state, examples_per_step=strategy.examples_per_step(),
                                    checkpoint_every=settings.checkpoint_every, save=save,
                                    on_report=job.summaries.training,
-                                   notices=notices, finite=saver.finite)
+                                   notices=notices, finite=saver.finite, round_steps=strategy.steps_per_round)
     return Trained(model, restored, loop_time, monitor)
 
 

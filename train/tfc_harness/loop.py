@@ -67,9 +67,12 @@ def next_boundary(step: int, checkpoint_every: int, total: int) -> int:
     return min(total, (step // checkpoint_every + 1) * checkpoint_every)
 
 
-def next_chunk(done: int, took_s: float, target_s: float = CHUNK_TARGET_S) -> int:
-    """Steps for the next call, from how long ``done`` steps took: about ``target_s`` of work, at least 1."""
-    return max(1, int(done * target_s / max(took_s, 1e-3)))
+def next_chunk(done: int, took_s: float, target_s: float = CHUNK_TARGET_S, round_steps: int = 1) -> int:
+    """Steps for the next call, from how long ``done`` steps took: about ``target_s`` of work, in whole
+    rounds of ``round_steps`` (the fewest that keep every training task busy), at least one round."""
+    steps = done * target_s / max(took_s, 1e-3)
+    round_steps = max(1, round_steps)
+    return round_steps * max(1, int(steps / round_steps))
 
 
 def _report(state: ChiefState, progress: Progress, step: int, losses: list[float],
@@ -87,7 +90,7 @@ def _report(state: ChiefState, progress: Progress, step: int, losses: list[float
 def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples_per_step: int,
           checkpoint_every: int, save: Callable[[int], None],
           on_report: Callable[[int, float, float], None] | None = None, notices=None,
-          finite: Callable[[], bool] = lambda: True) -> LoopTime:
+          finite: Callable[[], bool] = lambda: True, round_steps: Callable[[], int] = lambda: 1) -> LoopTime:
     """Run ``train_fn`` from ``state.step`` to ``state.total``; returns how long it took (:class:`LoopTime`).
 
     Chunks adapt to how long calls take (:func:`next_chunk`).  ``on_report(step, loss,
@@ -97,7 +100,10 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
     asked too: :func:`tfc_harness.steps.all_finite`).  ``notices``
     (:class:`tfc_harness.preemption.Notices`) is asked after each chunk for the next one: on a preemption
     notice the step reached is saved at once and :class:`tfc_harness.preemption.Preempted` raised.  A
-    synchronous strategy's tasks must all pass theirs: its agreement keeps their calls the same."""
+    synchronous strategy's tasks must all pass theirs: its agreement keeps their calls the same.
+    ``round_steps()`` is the fewest steps of a call that keep every training task busy
+    (:meth:`tfc_harness.strategies.Strategy.steps_per_round`): chunks are whole rounds of it, but where a
+    checkpoint boundary cuts one short."""
     step, total = state.step, state.total
     progress = Progress(total, examples_per_step, start_step=step)
     state.report("training")
@@ -118,7 +124,7 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
         losses = train_fn(n)
         check_finite(losses, step + 1, step + n, saved)
         step += n
-        chunk = next_chunk(n, time.monotonic() - started)
+        chunk = next_chunk(n, time.monotonic() - started, round_steps=round_steps())
         first_call = first_call or (n, progress.elapsed())
         _report(state, progress, step, losses, on_report)
         if step == boundary:

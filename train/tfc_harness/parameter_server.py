@@ -68,6 +68,7 @@ class ParameterServer(Strategy):
     # everything was published and reported: time every run waited for
     ends_without_shutdown = True
     variables_on_other_tasks = True     # the model's and the optimizer's: on the parameter servers
+    dispatch: Dispatch | None = None    # made with the train function
 
     def runs_loop(self) -> bool:
         return self.settings.role == "chief"
@@ -121,7 +122,7 @@ class ParameterServer(Strategy):
 
         strategy, coordinator = self.tf_strategy, self.coordinator
 
-        dispatch = Dispatch(self.settings.num_workers)
+        dispatch = self.dispatch = Dispatch(self.settings.num_workers)
 
         @tf.function
         def train_steps(iterator, k):
@@ -139,6 +140,12 @@ class ParameterServer(Strategy):
             return [float(r.fetch()) for r in results[-LOSS_SAMPLES:]]
 
         return train
+
+    def steps_per_round(self) -> int:
+        """One function of the current size per worker: a call of fewer steps leaves a worker idle until the
+        call's end (a model whose step takes longer than the loop's chunk target ran one step a call, so one
+        worker at a time)."""
+        return self.settings.num_workers * (self.dispatch.steps if self.dispatch else 1)
 
     def checkpoint_dir(self) -> Path:
         # Per run, and kept across restarts of this chief: a checkpoint S3 could not take is not lost.

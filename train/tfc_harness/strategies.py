@@ -199,6 +199,11 @@ class Strategy(abc.ABC):
         """Training examples one step consumes (for examples/s)."""
         return self.settings.batch_size
 
+    def steps_per_round(self) -> int:
+        """The fewest steps of a ``train(n)`` call that keep every training task busy until the call's end
+        (the loop's chunks are whole rounds of it): 1 where every task takes part in each step."""
+        return 1
+
     def agree(self, stop: bool, chunk: int) -> tuple[bool, int]:
         """Whether the training tasks stop now and how many steps their next ``train(n)`` call runs, from this
         task's ``stop`` (a preemption notice) and its own ``chunk`` (what its last call's time suggests, see
