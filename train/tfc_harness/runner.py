@@ -3,7 +3,8 @@
 Order matters: the TensorFlow environment variables (quiet logs, ``TF_CONFIG``) are set before anything
 imports TensorFlow, and the process moves into ``state_dir`` so that the relative shard path in
 :mod:`tfc_harness.records` names each node's own file.  TensorFlow's default kernels stay on (oneDNN: a
-CNN step is ~1.5x slower without them); only its C++ log level is raised.  The thread pools are sized
+CNN step is ~1.5x slower without them); only its C++ log level is raised, and tensors come from its BFC
+allocator (:data:`TF_ENV`).  The thread pools are sized
 (:mod:`tfc_harness.threads`) before the strategy runs any op, and the task's log says how.
 """
 
@@ -19,7 +20,12 @@ from . import preemption, strategies, threads
 from . import settings as settings_mod
 from .status import write_status
 
-TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+#: quiet C++ logs; tensors from TensorFlow's own (BFC) allocator, which keeps the memory it freed for the next
+#: step: through glibc's malloc a task's many threads (~120 under multi_worker_mirrored) had their large
+#: buffers unmapped and faulted in again every step (shapes32 tasks: ~41,000 page faults/s, a quarter of their
+#: CPU in the kernel, against ~14,000 in a plain process). Read when the first op makes the CPU allocator, so
+#: it holds in a task forked from the warm interpreter, which imported TensorFlow without it.
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CPU_ALLOCATOR_USE_BFC": "true"}
 #: the task's temporary directory, in its state_dir
 TMP_DIR = "tmp"
 
