@@ -1,38 +1,78 @@
-"""A task's tensors come from TensorFlow's BFC allocator (runner.TF_ENV), which keeps freed memory for the
-next step, also where TensorFlow was imported before the task's settings (a fork of the warm interpreter)."""
+"""A task's tensors come from TensorFlow's BFC allocator (runner.ALLOCATOR_ENV), which keeps freed memory for
+the next step, also where the modules were imported before the task's settings (a fork of the warm
+interpreter, which preloads them), with the task's memory as its limit."""
 
 from __future__ import annotations
 
+import ast
 import json
 
-from harness_support import TRAIN_DIR, example_settings, run_probe
+from harness_support import REPO, TRAIN_DIR, example_settings, run_probe
+from tfc_harness import runner
 
 PROBE = """
-import json, sys
+import json, os, sys
 sys.path.insert(0, {train!r})
-import tensorflow as tf                   # imported first, as in the warm interpreter a task is forked from
+for name in {preload!r}:                  # as the warm interpreter a task is forked from does
+    __import__(name)
+import tensorflow as tf
 from tfc_harness import runner, settings
 if {prepare!r}:
     runner.prepare_process(settings.validate(json.loads({settings!r})))
 x = tf.ones([512, 512]) * 2.0             # the first op makes the CPU allocator
 try:
-    print(json.dumps(tf.config.experimental.get_memory_info("CPU:0")))
+    stats = tf.config.experimental.get_memory_info("CPU:0")
 except ValueError as exc:                 # the default allocator keeps no statistics
-    print(json.dumps(str(exc)))
+    stats = str(exc)
+print(json.dumps([stats, os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB")]))
 """
 
 
-def _probe(tmp_path, prepare: bool):
-    source = PROBE.format(train=str(TRAIN_DIR), prepare=prepare,
+def warm_preload() -> list[str]:
+    """tfc-warm's PRELOAD: what a task's interpreter imported before the harness ran."""
+    tree = ast.parse((REPO / "roles" / "tf_node" / "files" / "tfc-warm").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "PRELOAD":
+            return list(ast.literal_eval(node.value))
+    raise AssertionError("tfc-warm has no PRELOAD")
+
+
+def _probe(tmp_path, prepare: bool, env: dict | None = None):
+    source = PROBE.format(train=str(TRAIN_DIR), prepare=prepare, preload=warm_preload(),
                           settings=json.dumps(example_settings(state_dir=str(tmp_path / "state"))))
-    return json.loads(run_probe(tmp_path, source).splitlines()[-1])
+    return json.loads(run_probe(tmp_path, source, env=env).splitlines()[-1])
 
 
 def test_a_prepared_task_allocates_its_tensors_from_tensorflows_bfc_allocator(tmp_path):
-    stats = _probe(tmp_path, prepare=True)
+    stats, limit = _probe(tmp_path, prepare=True)
     assert isinstance(stats, dict) and stats["peak"] >= 512 * 512 * 4, stats
+    assert "tensorflow" in warm_preload()
+    assert int(limit) == runner.memory_mb() > 0      # the task's memory, not TensorFlow's 64 GiB
 
 
 def test_without_the_task_environment_tensorflow_uses_its_default_allocator(tmp_path):
     """The check above can fail: the default CPU allocator answers with an error, not statistics."""
-    assert "not available" in _probe(tmp_path, prepare=False)
+    stats, _ = _probe(tmp_path, prepare=False)
+    assert "not available" in stats
+
+
+def test_an_operator_can_turn_it_off_or_set_its_limit(tmp_path):
+    stats, limit = _probe(tmp_path, prepare=True, env={"TF_CPU_ALLOCATOR_USE_BFC": "false",
+                                                       "TF_CPU_BFC_MEM_LIMIT_IN_MB": "512"})
+    assert "not available" in stats and limit == "512"
+
+
+def test_the_task_memory_is_the_lower_of_the_machines_and_its_cgroups(tmp_path, monkeypatch):
+    meminfo, cgroup = tmp_path / "meminfo", tmp_path / "memory.max"
+    meminfo.write_text("MemTotal:       25165824 kB\nMemFree:         1000 kB\n")
+    cgroup.write_text("max\n")
+    real_open = open
+
+    def fake_open(path, *a, **k):
+        return real_open({"/proc/meminfo": meminfo}.get(path, path), *a, **k)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    monkeypatch.setattr(runner, "CGROUP_LIMITS", (str(cgroup), str(tmp_path / "absent")))
+    assert runner.memory_mb() == 24576
+    cgroup.write_text(str(3 << 30))
+    assert runner.memory_mb() == 3072

@@ -40,7 +40,11 @@ def test_next_chunk_aims_at_the_target_time():
 
 
 def test_next_chunk_is_whole_rounds_of_the_steps_that_keep_every_task_busy():
-    assert loop.next_chunk(10, 0.05, target_s=0.5, round_steps=8) == 96      # 100 steps: 12 rounds of 8
+    assert loop.next_chunk(10, 0.05, target_s=0.5, round_steps=8) == 104     # 100 steps: 12.5 rounds of 8
+    assert loop.next_chunk(10, 0.05, target_s=0.5, round_steps=30) == 90     # 3.3 rounds of 30
+    # rounds of ~0.25 s (a parameter-server round: each worker's function) and a call that took a little
+    # more than one: two rounds next, not one (rounding down halved every call)
+    assert loop.next_chunk(24, 0.26, target_s=0.5, round_steps=24) == 48
     assert loop.next_chunk(2, 0.75, target_s=0.5, round_steps=2) == 2        # 1.3 steps: still one round
     assert loop.next_chunk(1, 0.75, target_s=0.5, round_steps=2) == 2
     assert loop.next_chunk(10, 0.05, target_s=0.5, round_steps=0) == 100     # no round: as for 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,22 @@ def test_parameter_server_roles():
     chief.dispatch = Dispatch(chief.settings.num_workers)
     chief.dispatch.steps = 12
     assert chief.steps_per_round() == 24
+
+
+def test_parameter_server_rounds_follow_the_dispatch_its_train_function_tunes(tmp_path):
+    """make_train_fn keeps its Dispatch where steps_per_round reads it (the loop's rounds)."""
+    out = run_probe(tmp_path, f"""
+import json, sys
+sys.path.insert(0, {str(TRAIN_DIR)!r})
+from tfc_harness import strategies
+from tfc_harness.settings import validate
+node = strategies.get("parameter_server")(validate(json.loads({json.dumps(example_settings())!r})))
+node.tf_strategy = node.coordinator = None      # not reached: the function is not called here
+node.make_train_fn(lambda x, y: 0.0, dataset=None)
+node.dispatch.steps = 7
+print(node.steps_per_round())
+""")
+    assert out.split() == ["14"]
 
 
 @pytest.mark.parametrize("counts, problems", [

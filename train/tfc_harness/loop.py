@@ -72,7 +72,9 @@ def next_chunk(done: int, took_s: float, target_s: float = CHUNK_TARGET_S, round
     rounds of ``round_steps`` (the fewest that keep every training task busy), at least one round."""
     steps = done * target_s / max(took_s, 1e-3)
     round_steps = max(1, round_steps)
-    return round_steps * max(1, int(steps / round_steps))
+    # the nearest whole number of rounds: a parameter-server round is ~0.25 s (its functions' target), so
+    # rounding down turned a proposal of just under 2 rounds into 1, and every call into half the target
+    return round_steps * max(1, int(steps / round_steps + 0.5))
 
 
 def _report(state: ChiefState, progress: Progress, step: int, losses: list[float],

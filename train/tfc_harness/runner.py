@@ -4,7 +4,7 @@ Order matters: the TensorFlow environment variables (quiet logs, ``TF_CONFIG``) 
 imports TensorFlow, and the process moves into ``state_dir`` so that the relative shard path in
 :mod:`tfc_harness.records` names each node's own file.  TensorFlow's default kernels stay on (oneDNN: a
 CNN step is ~1.5x slower without them); only its C++ log level is raised, and tensors come from its BFC
-allocator (:data:`TF_ENV`).  The thread pools are sized
+allocator (:data:`ALLOCATOR_ENV`).  The thread pools are sized
 (:mod:`tfc_harness.threads`) before the strategy runs any op, and the task's log says how.
 """
 
@@ -20,20 +20,52 @@ from . import preemption, strategies, threads
 from . import settings as settings_mod
 from .status import write_status
 
-#: quiet C++ logs; tensors from TensorFlow's own (BFC) allocator, which keeps the memory it freed for the next
-#: step: through glibc's malloc a task's many threads (~120 under multi_worker_mirrored) had their large
-#: buffers unmapped and faulted in again every step (shapes32 tasks: ~41,000 page faults/s, a quarter of their
-#: CPU in the kernel, against ~14,000 in a plain process). Read when the first op makes the CPU allocator, so
-#: it holds in a task forked from the warm interpreter, which imported TensorFlow without it.
-TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CPU_ALLOCATOR_USE_BFC": "true"}
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+#: tensors from TensorFlow's own (BFC) allocator, which keeps the memory it freed for the next step: through
+#: glibc's malloc a task's many threads (~120 under multi_worker_mirrored) had their large buffers unmapped and
+#: faulted in again every step (shapes32 tasks: ~41,000 page faults/s, a quarter of their CPU in the kernel,
+#: against ~14,000 in a plain process). Read when the first op makes the CPU allocator, so it holds in a task
+#: forked from the warm interpreter, which imported TensorFlow without it. Its limit defaults to 64 GiB in
+#: TensorFlow: the task's memory is given instead. A value in the task's environment is kept (``false``: off).
+ALLOCATOR_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
+ALLOCATOR_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 #: the task's temporary directory, in its state_dir
 TMP_DIR = "tmp"
+
+
+def set_tf_env() -> None:
+    """The TensorFlow variables of every task (:data:`TF_ENV`, :data:`ALLOCATOR_ENV` and its limit)."""
+    os.environ.update(TF_ENV)
+    for key, value in ALLOCATOR_ENV.items():
+        os.environ.setdefault(key, value)
+    limit = memory_mb()
+    if limit:
+        os.environ.setdefault(ALLOCATOR_LIMIT_ENV, str(limit))
+
+
+def memory_mb() -> int | None:
+    """The memory this task may use in MiB: the machine's (``MemTotal``), or its memory cgroup's limit where
+    that is lower; None when neither can be read."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                found.append(int(f.read().strip()))
+        except (OSError, ValueError):     # absent, or "max"
+            pass
+    return min(found) >> 20 if found else None
 
 
 def prepare_process(settings: settings_mod.Settings) -> settings_mod.Settings:
     """Set TF env vars and TF_CONFIG, create and enter ``state_dir``, give the process its own temporary
     directory there; returns settings with ``state_dir`` absolute."""
-    os.environ.update(TF_ENV)
+    set_tf_env()
     state_dir = Path(settings.state_dir).expanduser().resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     os.chdir(state_dir)
@@ -73,7 +105,7 @@ def main(raw_settings: dict) -> int:
     3 chief timeout, 4 chief stalled, 5 preempted after saving, 6 a failure a restart would repeat).
     Serving tasks only return on failure: they serve until killed (SIGINT, SIGKILL; SIGTERM and SIGUSR1 are a
     preemption notice)."""
-    os.environ.update(TF_ENV)
+    set_tf_env()
     preemption.listen()
     try:
         settings = settings_mod.validate(raw_settings)
