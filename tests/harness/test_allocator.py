@@ -66,12 +66,7 @@ def test_the_task_memory_is_the_lower_of_the_machines_and_its_cgroups(tmp_path, 
     meminfo, cgroup = tmp_path / "meminfo", tmp_path / "memory.max"
     meminfo.write_text("MemTotal:       25165824 kB\nMemFree:         1000 kB\n")
     cgroup.write_text("max\n")
-    real_open = open
-
-    def fake_open(path, *a, **k):
-        return real_open({"/proc/meminfo": meminfo}.get(path, path), *a, **k)
-
-    monkeypatch.setattr("builtins.open", fake_open)
+    monkeypatch.setattr(runner, "MEMINFO", str(meminfo))
     monkeypatch.setattr(runner, "CGROUP_LIMITS", (str(cgroup), str(tmp_path / "absent")))
     assert runner.memory_mb() == 24576
     cgroup.write_text(str(3 << 30))

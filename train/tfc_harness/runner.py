@@ -29,6 +29,7 @@ TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 #: TensorFlow: the task's memory is given instead. A value in the task's environment is kept (``false``: off).
 ALLOCATOR_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 ALLOCATOR_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+MEMINFO = "/proc/meminfo"
 CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 #: the task's temporary directory, in its state_dir
 TMP_DIR = "tmp"
@@ -49,7 +50,7 @@ def memory_mb() -> int | None:
     that is lower; None when neither can be read."""
     found = []
     try:
-        with open("/proc/meminfo") as f:
+        with open(MEMINFO) as f:
             found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:")]
     except (OSError, ValueError, IndexError):
         pass
