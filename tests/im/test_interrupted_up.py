@@ -4,6 +4,8 @@ still reads empty, and destroyed though IM refuses (HTTP 409) until it has added
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tfcluster.errors import ProvisionError
@@ -79,3 +81,23 @@ def test_destroy_names_the_refusal_once_the_timeout_passes(tmp_path, monkeypatch
     with pytest.raises(ProvisionError, match=r"DELETE /infrastructures/inf: HTTP 409 for 0s: IM was still adding"):
         client.destroy("inf", timeout=0.05)
     assert len(calls) >= 2
+
+
+def test_each_delete_gets_what_is_left_of_the_wait_not_a_whole_timeout_of_its_own(tmp_path, monkeypatch):
+    """IM answers a DELETE once the VMs are gone: a request that hangs must not get the whole timeout again
+    after refusals that took most of it."""
+    client, calls = refusing_client(tmp_path, monkeypatch, refusals=3)
+    given = []
+    refuse = client._call
+
+    def call(method, path, ok=(200,), **kwargs):
+        given.append(kwargs["timeout"])
+        time.sleep(0.2)
+        return refuse(method, path, ok, **kwargs)
+
+    monkeypatch.setattr(im, "MIN_REQUEST_S", 0.01)
+    monkeypatch.setattr(client, "_call", call)
+    assert client.destroy("inf", timeout=2.0) is True
+    assert len(given) == 4 and given[0] <= 2.0
+    assert all(later < earlier for earlier, later in zip(given, given[1:], strict=False)), given
+    assert given[-1] <= 2.0 - 3 * 0.2 + 0.05, given

@@ -50,6 +50,8 @@ from .local import LocalProvider
 
 DEFAULT_TIMEOUT = 900
 POLL_S = 2.0
+#: the least time a request of a wait that is almost over is given (it is still asked once more)
+MIN_REQUEST_S = 5.0
 _URL_RE = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?(/[A-Za-z0-9._~/-]*)?$")
 _KEY_RE = re.compile(r"-----BEGIN[^-]*-----.*?-----END[^-]*-----", re.S)
 _SYSTEM_RE = re.compile(r"^(ps|worker|chief)(?:_(\d+))?$")
@@ -281,12 +283,16 @@ class ImClient:
         """Destroy an infrastructure; False when IM does not know it (already gone).  IM refuses (HTTP 409)
         while it still adds the resources of an asynchronous create (launching the VMs: minutes on a cloud),
         which is where a ``down`` right after an interrupted ``up`` finds it: asked again every
-        :data:`POLL_S` until ``timeout`` (``on_wait()`` is called once, for a progress line)."""
+        :data:`POLL_S` until ``timeout`` (``on_wait()`` is called once, for a progress line).  ``timeout`` is
+        the whole wait's: each request may take what is left of it (IM answers a DELETE once it has destroyed
+        the VMs), never a fresh ``timeout`` of its own."""
         codes: list[int] = []
+        deadline = time.monotonic() + timeout
 
         def answered() -> bool:
+            left = max(MIN_REQUEST_S, deadline - time.monotonic())
             codes.append(self._call("DELETE", f"/infrastructures/{inf_id}", ok=(200, 404, 409),
-                                    timeout=timeout).status_code)
+                                    timeout=left).status_code)
             if codes == [409] and on_wait:
                 on_wait()
             return codes[-1] != 409
