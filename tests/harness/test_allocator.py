@@ -62,12 +62,28 @@ def test_an_operator_can_turn_it_off_or_set_its_limit(tmp_path):
     assert "not available" in stats and limit == "512"
 
 
-def test_the_task_memory_is_the_lower_of_the_machines_and_its_cgroups(tmp_path, monkeypatch):
-    meminfo, cgroup = tmp_path / "meminfo", tmp_path / "memory.max"
+def test_the_task_memory_is_the_lowest_of_the_machines_and_its_cgroups(tmp_path, monkeypatch):
+    """Its own cgroup's limit, or one above it, read through /proc/self/cgroup: a local node's tasks are in the
+    node's cgroup, whose limit the hierarchy's root does not have."""
+    meminfo, proc, root = tmp_path / "meminfo", tmp_path / "cgroup", tmp_path / "sys"
     meminfo.write_text("MemTotal:       25165824 kB\nMemFree:         1000 kB\n")
-    cgroup.write_text("max\n")
     monkeypatch.setattr(runner, "MEMINFO", str(meminfo))
-    monkeypatch.setattr(runner, "CGROUP_LIMITS", (str(cgroup), str(tmp_path / "absent")))
-    assert runner.memory_mb() == 24576
-    cgroup.write_text(str(3 << 30))
-    assert runner.memory_mb() == 3072
+    monkeypatch.setattr(runner, "PROC_CGROUP", str(proc))
+    monkeypatch.setattr(runner, "CGROUP_ROOT", str(root))
+    node, cluster = root / "tfcluster" / "c1" / "node-0", root / "tfcluster" / "c1"
+    node.mkdir(parents=True)
+    proc.write_text("0::/tfcluster/c1/node-0\n")
+    assert runner.memory_mb() == 24576                      # no limit file anywhere
+    (node / "memory.max").write_text("max\n")
+    assert runner.memory_mb() == 24576                      # "max": no limit
+    (cluster / "memory.max").write_text(str(5 << 30))
+    assert runner.memory_mb() == 5120                       # a limit above the task's cgroup holds too
+    (node / "memory.max").write_text(str(3 << 30))
+    assert runner.memory_mb() == 3072                       # the task's own, the lowest
+    v1 = root / "memory" / "tfcluster" / "c1" / "node-0"     # cgroup v1: the memory controller's hierarchy
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(str(2 << 30))
+    proc.write_text("12:memory:/tfcluster/c1/node-0\n5:cpu,cpuacct:/tfcluster/c1/node-0\n")
+    assert runner.memory_mb() == 2048
+    proc.unlink()
+    assert runner.memory_mb() == 24576                      # nothing of cgroups readable: the machine's

@@ -30,7 +30,9 @@ TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 ALLOCATOR_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 ALLOCATOR_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
 MEMINFO = "/proc/meminfo"
-CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+#: the process's cgroups (``hierarchy:controllers:path`` lines) and where the hierarchies are mounted
+PROC_CGROUP = "/proc/self/cgroup"
+CGROUP_ROOT = "/sys/fs/cgroup"
 #: the task's temporary directory, in its state_dir
 TMP_DIR = "tmp"
 
@@ -46,21 +48,45 @@ def set_tf_env() -> None:
 
 
 def memory_mb() -> int | None:
-    """The memory this task may use in MiB: the machine's (``MemTotal``), or its memory cgroup's limit where
-    that is lower; None when neither can be read."""
+    """The memory this task may use in MiB: the machine's (``MemTotal``), or the lowest memory limit of its
+    cgroup and the cgroups above it where that is lower (a local node's limit is its own cgroup's, not the
+    root's); None when nothing can be read."""
     found = []
     try:
         with open(MEMINFO) as f:
             found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:")]
     except (OSError, ValueError, IndexError):
         pass
-    for path in CGROUP_LIMITS:
-        try:
-            with open(path) as f:
-                found.append(int(f.read().strip()))
-        except (OSError, ValueError):     # absent, or "max"
-            pass
+    found += cgroup_limits()
     return min(found) >> 20 if found else None
+
+
+def cgroup_limits() -> list[int]:
+    """The memory limits in bytes of this process's cgroup and each one above it: cgroup v2's ``memory.max``,
+    v1's ``memory.limit_in_bytes`` (its "no limit" is a huge number); none where a file is absent or "max"."""
+    try:
+        with open(PROC_CGROUP) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:
+            base, name = CGROUP_ROOT, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = os.path.join(CGROUP_ROOT, "memory"), "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p not in ("", ".", "..")]
+        for depth in range(len(parts), -1, -1):
+            try:
+                with open(os.path.join(base, *parts[:depth], name)) as f:
+                    found.append(int(f.read().strip()))
+            except (OSError, ValueError):     # absent (the root has none), or "max"
+                pass
+    return found
 
 
 def prepare_process(settings: settings_mod.Settings) -> settings_mod.Settings:
