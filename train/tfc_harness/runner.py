@@ -42,9 +42,10 @@ def set_tf_env() -> None:
     os.environ.update(TF_ENV)
     for key, value in ALLOCATOR_ENV.items():
         os.environ.setdefault(key, value)
-    limit = memory_mb()
-    if limit:
-        os.environ.setdefault(ALLOCATOR_LIMIT_ENV, str(limit))
+    if ALLOCATOR_LIMIT_ENV not in os.environ:     # an operator's limit, or the one set by the call before
+        limit = memory_mb()
+        if limit:
+            os.environ[ALLOCATOR_LIMIT_ENV] = str(limit)
 
 
 def memory_mb() -> int | None:
