@@ -22,8 +22,18 @@ def test_the_first_call_runs_one_step_per_function():
 def test_every_worker_gets_a_function_while_there_are_steps_for_it():
     d = Dispatch(workers=4)
     d.steps = 100
-    assert d.plan(10) == [3, 3, 3, 1]
+    assert d.plan(10) == [3, 3, 2, 2]
     assert len(d.plan(3)) == 3
+
+
+@pytest.mark.parametrize("n, sizes", [(56, [14] * 4), (44, [11] * 4), (30, [8, 8, 7, 7]), (20, [10, 10]),
+                                      (3, [2, 1])])
+def test_a_call_cut_short_is_spread_evenly_over_the_workers(n, sizes):
+    """A call of fewer steps than whole rounds of the current size (cut at a checkpoint) gives every worker
+    as many functions of about the same size: none idles through the call's last function."""
+    d = Dispatch(workers=2)
+    d.steps = 14
+    assert d.plan(n) == sizes
 
 
 def test_fast_steps_get_packed_toward_the_target_time():

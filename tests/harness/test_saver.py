@@ -1,10 +1,11 @@
 """The chief's checkpoints with real TensorFlow and S3 (moto): newest of local and S3 wins, a failed upload
-leaves the unpublished marker, a checkpoint beyond ``steps`` is refused."""
+leaves the unpublished marker, a checkpoint beyond ``steps`` is refused, the upload runs beside training."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -45,6 +46,7 @@ def test_restore_takes_the_newest_of_local_and_s3(s3_client, moto_endpoint, tmp_
     first, _ = make(settings, s3_client, 1.0)
     assert first.restore() == 0
     first.save(10)
+    first.wait_uploaded()
     assert checkpoints.saved_steps(s3_client, "ckpt", settings.s3.checkpoint_prefix) == [10]
 
     fresh, model = make(settings, s3_client, 0.0)
@@ -55,8 +57,10 @@ def test_restore_takes_the_newest_of_local_and_s3(s3_client, moto_endpoint, tmp_
     broken = s3io.make_client(moto_endpoint, "us-east-1")
     failing, model = make(settings.model_copy(update={"s3": settings.s3.model_copy(update={"bucket": "gone"})}),
                           broken, 2.0)
+    failing.save(20)        # written; its copy to S3 goes on beside training, and fails there
     with pytest.raises(s3io.TransferError):
-        failing.save(20)
+        failing.wait_uploaded()
+    assert "checkpoint saved at step 20" not in capsys.readouterr().out
     marker = json.loads((tmp_path / "unpublished.json").read_text())
     assert marker["step"] == 20 and "checkpoint upload failed" in marker["reason"]
 
@@ -127,5 +131,43 @@ def test_local_checkpoints_beyond_the_newest_three_are_removed(s3_client, moto_e
     assert saver.restore() == 0
     for step in (10, 20, 30, 40):
         saver.save(step)
+    saver.wait_uploaded()
     assert checkpoints.local_steps(saver.directory) == [20, 30, 40]
     assert checkpoints.saved_steps(s3_client, "ckpt-keep", saver.settings.s3.checkpoint_prefix) == [20, 30, 40]
+
+
+class HeldUploads:
+    """An S3 client whose uploads wait until ``release`` is set."""
+
+    def __init__(self, client):
+        self.client, self.started, self.release = client, threading.Event(), threading.Event()
+
+    def upload_file(self, *args, **kwargs):
+        self.started.set()
+        assert self.release.wait(60), "the test never released the upload"
+        return self.client.upload_file(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def test_a_checkpoint_is_copied_to_s3_while_training_goes_on(s3_client, moto_endpoint, tmp_path, capsys):
+    """save() returns once the checkpoint is written locally; ``checkpoint saved`` is logged once S3 has it; a
+    loop that fails waits for the copy under way and raises its own error."""
+    s3_client.create_bucket(Bucket="ckpt-bg")
+    raw = example_settings(state_dir=str(tmp_path), steps=30)
+    raw["s3"].update(endpoint=moto_endpoint, bucket="ckpt-bg")
+    settings = validate(raw)
+    held = HeldUploads(s3_client)
+    saver, _ = make(settings, held, 1.0)
+    assert saver.restore() == 0
+    with pytest.raises(RuntimeError, match="the loop failed"), saver.uploads():
+        saver.save(10)
+        assert held.started.wait(30)
+        assert checkpoints.local_steps(saver.directory) == [10]
+        assert checkpoints.saved_steps(s3_client, "ckpt-bg", settings.s3.checkpoint_prefix) == []
+        assert "checkpoint saved at step 10" not in capsys.readouterr().out
+        threading.Timer(0.5, held.release.set).start()
+        raise RuntimeError("the loop failed")
+    assert checkpoints.saved_steps(s3_client, "ckpt-bg", settings.s3.checkpoint_prefix) == [10]
+    assert "checkpoint saved at step 10\n" in capsys.readouterr().out

@@ -143,6 +143,8 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
 
     def save(step: int) -> None:
         saver.save(step)
+        if step == settings.steps:   # the last: in S3 within the loop's time, as every save was when uploads blocked
+            saver.wait_uploaded()
         job.summaries.upload()      # with each checkpoint: a run in progress can be looked at
 
     replica_step = make_replica_step(model, optimizer, job.loss, strategy.weights_io(model))
@@ -156,7 +158,7 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
     watch_s3 = client if strategy.publishes() and strategy.has_serving_tasks else None   # their markers
     with PeerMonitor(settings.peers()) as monitor, \
             watchdogs.StallWatchdog(state, settings.stall_timeout_s or watchdogs.DEFAULT_STALL_TIMEOUT_S), \
-            preemption.Notices(settings, watch_s3, strategy.agree) as notices:
+            preemption.Notices(settings, watch_s3, strategy.agree) as notices, saver.uploads():
         loop_time = loop.train(train_fn, state, examples_per_step=strategy.examples_per_step(),
                                    checkpoint_every=settings.checkpoint_every, save=save,
                                    on_report=job.summaries.training,

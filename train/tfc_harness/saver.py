@@ -5,6 +5,11 @@ newest :data:`~tfc_harness.checkpoints.KEEP`); S3's in ``<checkpoint_prefix>/`` 
 A local checkpoint newer than any in S3 (its upload failed) wins over S3's.  A failed upload leaves
 ``unpublished.json`` (:mod:`tfc_harness.unpublished`) so that the node is not destroyed with the only copy.
 
+The copy to S3 runs in a thread of its own while training goes on (it took ~0.1 s of every checkpoint of the
+digits model on a local cluster, with every worker idle: 15-20 % of a 2000-step run's time at one
+checkpoint every 100 steps); ``checkpoint saved at step N`` is logged once S3 has it.  One copy at a time:
+the next save, and :meth:`Saver.wait_uploaded`, wait for the one under way, and raise its error.
+
 Where the model's variables sit on other tasks (the parameter servers:
 :attr:`~tfc_harness.strategies.Strategy.variables_on_other_tasks`), a checkpoint spans several tasks and
 TensorFlow traces a new function for every eager save of it (its ``MultiDeviceSaver``: ~0.2 s a checkpoint of
@@ -16,7 +21,9 @@ a variable when eager (:func:`tfc_harness.traced.all_finite`).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import checkpoints, traced, unpublished
 from .errors import FinalError
@@ -29,7 +36,8 @@ def log(msg: str) -> None:
 
 class Saver:
     """``restore()`` once, then ``save(step)`` at each checkpoint boundary (``finite()`` before it: whether the
-    weights and the optimizer's state it would save are all finite)."""
+    weights and the optimizer's state it would save are all finite); ``wait_uploaded()`` before the run ends
+    (and on the way out of a failed one: :meth:`uploads`)."""
 
     def __init__(self, strategy, s3_client, model, optimizer):
         import tensorflow as tf
@@ -42,6 +50,8 @@ class Saver:
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self.step_var)
         # made now: a restore makes it and expects it in the files it reads (CheckpointManager.save made it)
         _ = self.checkpoint.save_counter
+        self._uploader: ThreadPoolExecutor | None = None
+        self._uploading: Future | None = None
         def variables():
             return [*model.variables, *optimizer.variables]
 
@@ -77,17 +87,48 @@ class Saver:
         return step
 
     def save(self, step: int) -> None:
-        """Write checkpoint ``step`` locally, then upload it (the run's owner); another task's copy is a
-        scratch one (TensorFlow needs every task of a synchronous strategy to save), deleted at once."""
+        """Write checkpoint ``step`` locally, then hand its upload to the uploading thread (the run's owner); another
+        task's copy is a scratch one (TensorFlow needs every task of a synchronous strategy to save), deleted at
+        once.  The upload of the previous checkpoint is waited for first: its files are not pruned under it,
+        and its error is raised here."""
+        self.wait_uploaded()
         self.step_var.assign(step)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.write(str(checkpoints.local_prefix(self.directory, step)))
         if self.strategy.writes_published_checkpoints():
             checkpoints.prune_local(self.directory)
-            self._upload(step)
+            if self._uploader is None:
+                self._uploader = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-upload")
+            self._uploading = self._uploader.submit(self._upload, step)
         else:
             shutil.rmtree(self.directory, ignore_errors=True)
-        log(f"checkpoint saved at step {step}")
+            log(f"checkpoint saved at step {step}")
+
+    def wait_uploaded(self) -> None:
+        """Return once the last checkpoint handed to S3 is there; raise its upload's error (``unpublished.json``
+        is written by then)."""
+        uploading, self._uploading = self._uploading, None
+        if uploading is not None:
+            uploading.result()
+
+    @contextlib.contextmanager
+    def uploads(self):
+        """Around the training loop: waits for the last upload at its end; a loop that fails (a preemption, a
+        lost peer, divergence) still waits for the checkpoint being copied, so that the process does not end
+        with it half way, and only logs that upload's error (the loop's is the one raised)."""
+        try:
+            yield self
+            self.wait_uploaded()
+        except BaseException:
+            try:
+                self.wait_uploaded()
+            except Exception as exc:  # noqa: BLE001 - the loop's error is the run's; this one is in unpublished.json
+                log(f"checkpoint upload failed too: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            if self._uploader is not None:
+                self._uploader.shutdown()
+                self._uploader = None
 
     def _upload(self, step: int) -> None:
         s3 = self.settings.s3
@@ -97,4 +138,4 @@ class Saver:
             unpublished.mark(self.settings.state_dir, self.settings.run_id, step,
                              f"checkpoint upload failed: {exc}", self.directory)
             raise
-
+        log(f"checkpoint saved at step {step}")
