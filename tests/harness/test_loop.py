@@ -39,6 +39,14 @@ def test_next_chunk_aims_at_the_target_time():
     assert loop.next_chunk(10, 0.0, target_s=0.5) == 5000    # a zero duration does not divide by zero
 
 
+def test_a_call_takes_the_steps_left_to_a_checkpoint_when_they_are_at_most_half_a_chunk_more():
+    assert loop.call_steps(56, 62) == 62      # not 56 and then a call of 6
+    assert loop.call_steps(56, 84) == 84
+    assert loop.call_steps(56, 85) == 56      # 29 left after it: a call of its own
+    assert loop.call_steps(56, 20) == 20      # fewer left than a chunk: those
+    assert loop.call_steps(1, 1) == 1 and loop.call_steps(1, 2) == 1
+
+
 def test_next_chunk_is_whole_rounds_of_the_steps_that_keep_every_task_busy():
     assert loop.next_chunk(10, 0.05, target_s=0.5, round_steps=8) == 104     # 100 steps: 12.5 rounds of 8
     assert loop.next_chunk(10, 0.05, target_s=0.5, round_steps=30) == 90     # 3.3 rounds of 30
@@ -107,8 +115,9 @@ def test_each_call_runs_the_chunk_the_tasks_agreed_on_and_proposes_its_own_from_
     agreed = Agreed(7)
     loop.train(train_fn, ChiefState(tmp_path, total=60), examples_per_step=4, checkpoint_every=25,
                save=lambda step: None, notices=agreed)
-    # the first call is FIRST_CHUNK everywhere, then the agreed 7, clipped at the boundaries 25, 50 and 60
-    assert calls == [10, 7, 7, 1, 7, 7, 7, 4, 7, 3]
+    # the first call is FIRST_CHUNK everywhere, then the agreed 7, up to the boundaries 25, 50 and 60 (the
+    # steps left to one in a single call when they are at most half a chunk more: 8, not 7 and 1)
+    assert calls == [10, 7, 8, 7, 7, 7, 4, 10]
     assert len(agreed.proposed) == len(calls) - 1       # asked after every call but the last
     assert all(30 <= p <= 600 for p in agreed.proposed), agreed.proposed   # its own time: ~0.5 s of steps
 
