@@ -171,3 +171,25 @@ def test_a_checkpoint_is_copied_to_s3_while_training_goes_on(s3_client, moto_end
         raise RuntimeError("the loop failed")
     assert checkpoints.saved_steps(s3_client, "ckpt-bg", settings.s3.checkpoint_prefix) == [10]
     assert "checkpoint saved at step 10\n" in capsys.readouterr().out
+
+
+def test_the_warm_up_traces_the_write_and_runs_the_finite_check_without_saving(s3_client, moto_endpoint, tmp_path):
+    """Where the variables sit on the parameter servers the first save traced its write and first ran the finite
+    check (~0.5 s, the workers idle): the warm-up does both beforehand (the strategy runs it while its first
+    call waits on the workers), writing nothing; the saves after it trace nothing again."""
+    s3_client.create_bucket(Bucket="ckpt-warm")
+    raw = example_settings(state_dir=str(tmp_path), steps=30)
+    raw["s3"].update(endpoint=moto_endpoint, bucket="ckpt-warm")
+    saver, _ = make(validate(raw), s3_client, 1.0)
+    assert saver.restore() == 0
+    ran = []
+    saver.strategy.while_first_call(lambda: ran.append("work"))
+    assert ran == [] and saver.strategy.first_call_work is not None    # kept for the first call, not run now
+    saver.warm_up()
+    assert saver.write.fn.experimental_get_tracing_count() == 1 and saver.finite.fn is not None
+    assert checkpoints.local_steps(saver.directory) == []
+    with saver.uploads():
+        saver.save(10)
+        saver.save(20)
+    assert saver.write.fn.experimental_get_tracing_count() == 1
+    assert checkpoints.saved_steps(s3_client, "ckpt-warm", saver.settings.s3.checkpoint_prefix) == [10, 20]

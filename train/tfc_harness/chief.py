@@ -151,6 +151,7 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
     train_fn = noting(strategy, optimizer, state,
                       strategy.make_train_fn(replica_step,
                                              strategy.make_dataset(job.input.dataset_fn(settings.batch_size))))
+    strategy.while_first_call(saver.warm_up)
     log(f"training {settings.steps - restored} steps on {settings.num_training_tasks} training tasks "
         f"(batch {settings.batch_size}, learning rate {settings.learning_rate})")
     if strategy.publishes():

@@ -13,6 +13,7 @@ their I/O pinned to the chief (without that each ps would write its part to its 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import inputs, s3io, server, steps
@@ -74,6 +75,7 @@ class ParameterServer(Strategy):
     ends_without_shutdown = True
     variables_on_other_tasks = True     # the model's and the optimizer's: on the parameter servers
     dispatch: Dispatch | None = None    # made with the train function
+    first_call_work: Callable[[], None] | None = None     # see while_first_call
 
     def runs_loop(self) -> bool:
         return self.settings.role == "chief"
@@ -139,12 +141,20 @@ class ParameterServer(Strategy):
             sizes = dispatch.plan(n)
             started = time.monotonic()
             results = [coordinator.schedule(train_steps, args=(dataset, tf.constant(k, tf.int64))) for k in sizes]
+            work, self.first_call_work = self.first_call_work, None
+            if work is not None:
+                work()
             coordinator.join()
             if dispatch.observe(sizes, time.monotonic() - started):
                 print(f"parameter_server: {dispatch.steps} steps per scheduled function", flush=True)
             return [float(r.fetch()) for r in results[-LOSS_SAMPLES:]]
 
         return train
+
+    def while_first_call(self, work: Callable[[], None]) -> None:
+        """``work`` runs in the first ``train(n)`` call once its functions are scheduled: the chief then waits
+        ~0.4 s for the workers' first steps (traced and started there) with nothing to do."""
+        self.first_call_work = work
 
     def steps_per_round(self) -> int:
         """One function of the current size per worker: a call of fewer steps leaves a worker idle until the

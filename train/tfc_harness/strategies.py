@@ -166,6 +166,11 @@ class Strategy(abc.ABC):
     def make_train_fn(self, replica_step: Callable, dataset: Any) -> Callable[[int], list[float]]:
         """``train(n)``: run ``n`` steps of ``replica_step(x, y) -> loss``; returns some of their losses."""
 
+    def while_first_call(self, work: Callable[[], None]) -> None:
+        """Have ``work`` done while the first ``train(n)`` call waits for steps on other tasks, where the loop's
+        task then idles (the saver's warm-up: :meth:`tfc_harness.saver.Saver.warm_up`).  Here at once."""
+        work()
+
     @abc.abstractmethod
     def checkpoint_dir(self) -> Path:
         """Where this node writes checkpoints (a chief's directory is the one mirrored to S3)."""

@@ -16,15 +16,24 @@ class TracedFor:
         self.key: tuple[int, ...] | None = None
         self.fn: Callable | None = None
 
-    def __call__(self, *args):
+    def current(self) -> Callable:
+        """The function for what ``variables()`` returns now (built if those are other variables)."""
         now = list(self.variables())
         key = tuple(id(v) for v in now)
         if key != self.key:
             self.fn, self.key = self.build(now), key
-        return self.fn(*args)
+        return self.fn
+
+    def __call__(self, *args):
+        return self.current()(*args)
+
+    def trace(self) -> None:
+        """Trace the function for the current variables without running it (a function with arguments has
+        an input signature)."""
+        self.current().get_concrete_function()
 
 
-def all_finite(variables: Callable[[], Sequence]) -> Callable[[], bool]:
+def all_finite(variables: Callable[[], Sequence]) -> Finite:
     """``finite()``: whether every floating-point value of ``variables()`` (the model's weights, the optimizer's
     state) is finite, each variable reduced where it lives (a boolean crosses the network, not its values)."""
     import tensorflow as tf
@@ -38,8 +47,14 @@ def all_finite(variables: Callable[[], Sequence]) -> Callable[[], bool]:
 
         return finite
 
-    traced = TracedFor(variables, build)
-    return lambda: bool(traced())
+    return Finite(variables, build)
+
+
+class Finite(TracedFor):
+    """The finite check of :func:`all_finite`: a Python bool."""
+
+    def __call__(self) -> bool:
+        return bool(super().__call__())
 
 
 def checkpoint_write(checkpoint, options, variables: Callable[[], Sequence]) -> TracedFor:
