@@ -94,3 +94,52 @@ def test_the_default_target_packs_steps_even_where_one_steps_dispatch_costs_more
         d.observe(*simulated_call(d, 400, dispatch_s, step_s))
     assert d.steps > 1
     assert dispatch_s / (dispatch_s + d.steps * step_s) < 0.25
+
+
+def test_a_full_call_of_the_new_plan_retunes_and_one_stretched_to_a_checkpoint_does_not():
+    d = Dispatch(workers=2, target_s=0.05)
+    d.steps = 14
+    assert d.plan(56) == [14] * 4
+    d.observe(d.plan(56), seconds=0.056)       # 2 ms a step: 25
+    assert d.steps == 25
+    d.steps = 14
+    assert max(d.plan(62)) < 14                # the steps left to a checkpoint in one call: smaller functions
+    assert d.observe(d.plan(62), seconds=0.5) is False and d.steps == 14
+
+
+def test_the_first_call_does_its_work_after_scheduling_and_before_waiting():
+    """The work handed to while_first_call runs once, inside the first call, once its functions are
+    scheduled (the workers start on them) and before the chief waits for them; its failure is only logged."""
+    pytest.importorskip("tensorflow")
+    from harness_support import example_settings
+    from tfc_harness.parameter_server import ParameterServer
+    from tfc_harness.settings import validate
+
+    events = []
+
+    class Result:
+        def fetch(self):
+            return 0.5
+
+    class Coordinator:
+        def schedule(self, fn, args):
+            events.append("schedule")
+            return Result()
+
+        def join(self):
+            events.append("join")
+
+    strategy = ParameterServer(validate(example_settings()))
+    strategy.tf_strategy, strategy.coordinator = None, Coordinator()
+    train = strategy.make_train_fn(replica_step=None, dataset=None)
+    strategy.while_first_call(lambda: events.append("work"))
+    assert events == []
+    train(2)
+    train(2)
+    assert events == ["schedule", "schedule", "work", "join", "schedule", "schedule", "join"]
+
+    def fails():
+        raise RuntimeError("no ps")
+
+    strategy.while_first_call(fails)
+    assert train(2) == [0.5, 0.5]              # logged, not raised: the call waits for its functions

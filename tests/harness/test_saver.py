@@ -186,10 +186,33 @@ def test_the_warm_up_traces_the_write_and_runs_the_finite_check_without_saving(s
     saver.strategy.while_first_call(lambda: ran.append("work"))
     assert ran == [] and saver.strategy.first_call_work is not None    # kept for the first call, not run now
     saver.warm_up()
-    assert saver.write.fn.experimental_get_tracing_count() == 1 and saver.finite.fn is not None
+    assert saver.write.fn.experimental_get_tracing_count() == 1
+    assert saver.finite.fn.experimental_get_tracing_count() == 1     # traced by its run
     assert checkpoints.local_steps(saver.directory) == []
     with saver.uploads():
         saver.save(10)
+        assert saver.finite() is True
         saver.save(20)
     assert saver.write.fn.experimental_get_tracing_count() == 1
+    assert saver.finite.fn.experimental_get_tracing_count() == 1
     assert checkpoints.saved_steps(s3_client, "ckpt-warm", saver.settings.s3.checkpoint_prefix) == [10, 20]
+
+
+def test_an_upload_that_failed_is_raised_by_the_next_save_which_keeps_its_own_step(s3_client, moto_endpoint,
+                                                                                 tmp_path, capsys):
+    """The next save writes its checkpoint first: the steps trained since the failed upload are kept on the
+    node and named in unpublished.json, and a restart resumes from them."""
+    raw = example_settings(state_dir=str(tmp_path), steps=30)
+    raw["s3"].update(endpoint=moto_endpoint, bucket="ckpt-never-made")
+    settings = validate(raw)
+    saver, _ = make(settings, s3io.make_client(moto_endpoint, "us-east-1"), 3.0)
+    with pytest.raises(s3io.TransferError), saver.uploads():
+        saver.save(10)
+        saver.save(20)      # raises the step-10 upload's error, step 20 written first
+    assert checkpoints.local_steps(saver.directory) == [10, 20]
+    marker = json.loads((tmp_path / "unpublished.json").read_text())
+    assert marker["step"] == 20 and "checkpoint upload failed" in marker["reason"]
+    assert "checkpoint saved at step" not in capsys.readouterr().out
+    s3_client.create_bucket(Bucket="ckpt-never-made")
+    again, model = make(settings, s3_client, 0.0)
+    assert again.restore() == 20 and model.get_weights()[0][0, 0] == 3.0

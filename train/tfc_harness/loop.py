@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from .errors import HarnessError
 from .preemption import Preempted
-from .status import ChiefState, Progress
+from .status import ChiefState, Progress, log_line
 
 FIRST_CHUNK = 10
 CHUNK_TARGET_S = 0.5      # aim for this much work per train(n) call
@@ -43,8 +43,7 @@ class Diverged(HarnessError):
     saved."""
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
+log = log_line    # one write a line: the checkpoint upload's thread logs beside the loop
 
 
 def diverged(what: str, first: int, last: int, saved: int) -> Diverged:

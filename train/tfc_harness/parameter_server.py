@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import inputs, s3io, server, steps
+from .status import log_line
 from .strategies import Strategy
 
 LOSS_SAMPLES = 8              # remote losses fetched per train(n) call
@@ -66,6 +67,16 @@ class Dispatch:
             self.reported = self.steps
             return True
         return False
+
+
+def do_first_call_work(work: Callable[[], None]) -> None:
+    """Run ``work`` (a head start, see :meth:`ParameterServer.while_first_call`): its failure is logged, not
+    raised, with the call's functions scheduled and not yet waited for (what it prepares is done later
+    anyway, and fails there if it must)."""
+    try:
+        work()
+    except Exception as exc:  # noqa: BLE001 - only a head start
+        log_line(f"warning: the work done during the first call failed: {type(exc).__name__}: {exc}")
 
 
 class ParameterServer(Strategy):
@@ -143,7 +154,7 @@ class ParameterServer(Strategy):
             results = [coordinator.schedule(train_steps, args=(dataset, tf.constant(k, tf.int64))) for k in sizes]
             work, self.first_call_work = self.first_call_work, None
             if work is not None:
-                work()
+                do_first_call_work(work)
             coordinator.join()
             if dispatch.observe(sizes, time.monotonic() - started):
                 print(f"parameter_server: {dispatch.steps} steps per scheduled function", flush=True)

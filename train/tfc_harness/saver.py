@@ -27,11 +27,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import checkpoints, traced, unpublished
 from .errors import FinalError
+from .status import log_line
 from .steps import all_finite
 
-
-def log(msg: str) -> None:
-    print(msg, flush=True)
+log = log_line    # one write a line: this logs from the upload's thread too
 
 
 class Saver:
@@ -98,20 +97,26 @@ class Saver:
     def save(self, step: int) -> None:
         """Write checkpoint ``step`` locally, then hand its upload to the uploading thread (the run's owner); another
         task's copy is a scratch one (TensorFlow needs every task of a synchronous strategy to save), deleted at
-        once.  The upload of the previous checkpoint is waited for first: its files are not pruned under it,
-        and its error is raised here."""
-        self.wait_uploaded()
+        once.  The upload of the previous checkpoint is waited for after the write (its files are not pruned
+        under it); its error is raised here, with this step kept on the node and named in ``unpublished.json``
+        (a restart resumes from it, the newest local checkpoint)."""
         self.step_var.assign(step)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.write(str(checkpoints.local_prefix(self.directory, step)))
-        if self.strategy.writes_published_checkpoints():
-            checkpoints.prune_local(self.directory)
-            if self._uploader is None:
-                self._uploader = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-upload")
-            self._uploading = self._uploader.submit(self._upload, step)
-        else:
+        if not self.strategy.writes_published_checkpoints():
             shutil.rmtree(self.directory, ignore_errors=True)
             log(f"checkpoint saved at step {step}")
+            return
+        try:
+            self.wait_uploaded()
+        except Exception as exc:
+            unpublished.mark(self.settings.state_dir, self.settings.run_id, step,
+                             f"checkpoint upload failed: {exc}", self.directory)
+            raise
+        checkpoints.prune_local(self.directory)
+        if self._uploader is None:
+            self._uploader = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-upload")
+        self._uploading = self._uploader.submit(self._upload, step)
 
     def wait_uploaded(self) -> None:
         """Return once the last checkpoint handed to S3 is there; raise its upload's error (``unpublished.json``
@@ -123,8 +128,9 @@ class Saver:
     @contextlib.contextmanager
     def uploads(self):
         """Around the training loop: waits for the last upload at its end; a loop that fails (a preemption, a
-        lost peer, divergence) still waits for the checkpoint being copied, so that the process does not end
-        with it half way, and only logs that upload's error (the loop's is the one raised)."""
+        lost peer, divergence, a Ctrl-C) still waits for the checkpoint being copied (its retries included),
+        so that the process does not end with it half way, and only logs that upload's error (the loop's is
+        the one raised)."""
         try:
             yield self
             self.wait_uploaded()

@@ -11,9 +11,19 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+
+def log_line(msg: str) -> None:
+    """Print ``msg`` and its newline in one write: ``print`` writes them apart, and a line another thread
+    prints in between (a checkpoint's upload, logged from its own thread) would join the two, where the
+    fault tests match whole lines such as ``^checkpoint saved at step N$``."""
+    sys.stdout.write(f"{msg}\n")
+    sys.stdout.flush()
+
 
 PHASES = ("starting", "training", "evaluating", "publishing", "done", "failed", "serving", "preempted")
 STATUS_FILE = "status.json"
