@@ -40,7 +40,7 @@ from .errors import FINAL_EXIT_CODE, FinalError, described, is_final
 from .peers import PeerMonitor
 from .saver import Saver
 from .settings import Settings
-from .status import ChiefState
+from .status import ChiefState, log_line
 from .steps import make_replica_step
 from .strategies import Strategy
 from .summaries import NoSummaries, Summaries, learning_rate_of
@@ -51,8 +51,7 @@ STALL_EXIT_CODE = watchdogs.STALL_EXIT_CODE
 FAILURE_UPLOAD_TRIES = 2   # a failed run's TensorBoard events: the store may be what failed, do not linger
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
+log = log_line    # one write a line: threads log beside each other (status.log_line)
 
 
 @dataclasses.dataclass

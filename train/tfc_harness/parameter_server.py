@@ -127,9 +127,9 @@ class ParameterServer(Strategy):
         from .packing import PACK_MAX_VARIABLE_BYTES, Packed
 
         packed = Packed.for_model(model)
-        print("parameter_server: " + (packed.describe() if packed else "the trainable weights read and sent one "
-                                      f"at a time (none packable: each over {PACK_MAX_VARIABLE_BYTES >> 20} MiB, or "
-                                      "not a Keras variable)"), flush=True)
+        log_line("parameter_server: " + (packed.describe() if packed else "the trainable weights read and sent one "
+                                         f"at a time (none packable: each over {PACK_MAX_VARIABLE_BYTES >> 20} MiB, "
+                                         "or not a Keras variable)"))
         return packed
 
     def make_dataset(self, dataset_fn):
@@ -157,7 +157,7 @@ class ParameterServer(Strategy):
                 do_first_call_work(work)
             coordinator.join()
             if dispatch.observe(sizes, time.monotonic() - started):
-                print(f"parameter_server: {dispatch.steps} steps per scheduled function", flush=True)
+                log_line(f"parameter_server: {dispatch.steps} steps per scheduled function")
             return [float(r.fetch()) for r in results[-LOSS_SAMPLES:]]
 
         return train

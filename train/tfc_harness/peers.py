@@ -7,11 +7,10 @@ import socket
 import time
 
 from .errors import HarnessError
+from .status import log_line
 from .watchdogs import Periodic
 
-
-def log(msg: str) -> None:
-    print(msg, flush=True)
+log = log_line    # one write a line: threads log beside each other (status.log_line)
 
 
 def host_port(address: str) -> tuple[str, int]:

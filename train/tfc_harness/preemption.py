@@ -22,6 +22,8 @@ import sys
 import threading
 import time
 
+from .status import log_line
+
 PREEMPTED_EXIT_CODE = 5
 MARKERS = "preemption"
 POLL_S = 2.0
@@ -29,8 +31,7 @@ POLL_S = 2.0
 NOTICE = threading.Event()
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
+log = log_line    # one write a line: threads log beside each other (status.log_line)
 
 
 def listen() -> None:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from . import s3io
+from .status import log_line
 
 STREAM_DIR = "data/stream"
 POSITION = "position"
@@ -50,8 +51,7 @@ _NO_END = 2 ** 62
 _GLOB_CHARS = "*?[\\"
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
+log = log_line    # one write a line: threads log beside each other (status.log_line)
 
 
 def data_path(directory: str | Path, seq: int) -> Path:

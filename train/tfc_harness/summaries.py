@@ -25,14 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import s3io
+from .status import log_line
 
 LOCAL_DIR = "tensorboard"       # under the task's state_dir, then one folder per run
 S3_FOLDER = "tensorboard"       # under the run's prefix
 TRAIN_TAGS = ("train/loss", "train/learning_rate", "train/examples_per_sec")   # test/<metric> after evaluation
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
+log = log_line    # one write a line: threads log beside each other (status.log_line)
 
 
 def learning_rate_of(optimizer) -> Callable[[], float]:
