@@ -68,7 +68,7 @@ class MultiWorkerMirrored(Strategy):
 
         strategy = self.tf_strategy
 
-        @tf.function
+        @tf.function(autograph=False)   # steps.run_steps
         def train_steps(n):
             return steps.run_steps(strategy, replica_step, dataset, n)
 
@@ -86,7 +86,7 @@ class MultiWorkerMirrored(Strategy):
         if not hasattr(self, "_sum"):
             strategy = self.tf_strategy
 
-            @tf.function
+            @tf.function(autograph=False)
             def sum_over_replicas(value):
                 per_replica = strategy.run(lambda v: tf.identity(v), args=(value,))
                 return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)

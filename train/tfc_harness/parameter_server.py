@@ -142,7 +142,7 @@ class ParameterServer(Strategy):
 
         dispatch = self.dispatch = Dispatch(self.settings.num_workers)
 
-        @tf.function
+        @tf.function(autograph=False)   # steps.run_steps
         def train_steps(iterator, k):
             return steps.run_steps(strategy, replica_step, iterator, k)
 
@@ -164,7 +164,9 @@ class ParameterServer(Strategy):
 
     def while_first_call(self, work: Callable[[], None]) -> None:
         """``work`` runs in the first ``train(n)`` call once its functions are scheduled: the chief then waits
-        ~0.4 s for the workers' first steps (traced and started there) with nothing to do."""
+        ~0.4 s for the workers' first steps (traced and started there) with nothing to do.  (In a thread of its
+        own beside the calls after, it took as long: the chief's Python dispatching the workers' functions
+        waited for it.)"""
         self.first_call_work = work
 
     def steps_per_round(self) -> int:
