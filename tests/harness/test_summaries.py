@@ -45,6 +45,17 @@ def test_scalars_are_written_and_copied_beside_the_run(s3_client, bucket, tmp_pa
                             "test/accuracy"}
 
 
+def test_a_client_given_is_the_one_that_copies(s3_client, bucket, tmp_path):
+    """The chief hands its own client over: the first copy (at the first checkpoint) makes none of its own."""
+    made = []
+    summaries = Summaries(tmp_path / "tb", lambda: made.append(1) or s3_client, bucket, "runs/c/r3")
+    summaries.use_client(s3_client)
+    summaries.training(10, 0.5, 100.0)
+    summaries.upload()
+    assert made == [] and len(event_keys(s3_client, bucket, "runs/c/r3")) == 1
+    NoSummaries().use_client(s3_client)     # a task that writes none takes it too
+
+
 def test_a_failed_copy_or_write_is_logged_never_raised(s3_client, tmp_path, capsys):
     summaries = Summaries(tmp_path / "tb", lambda: s3_client, "no-such-bucket", "runs/c/r2")
     summaries.training(1, 0.5, 10.0)

@@ -112,6 +112,7 @@ def _run(settings: Settings, strategy: Strategy, state: ChiefState, started: flo
          summaries: NoSummaries) -> int:
     state.report("starting")
     client = s3io.client_from_settings(settings)
+    summaries.use_client(client)
     refuse_published(client, settings)
     job = load_job(client, settings, strategy)
     job.summaries = summaries
