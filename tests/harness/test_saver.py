@@ -151,15 +151,20 @@ class HeldUploads:
         return getattr(self.client, name)
 
 
+def held_saver(s3_client, moto_endpoint, tmp_path, bucket: str):
+    """A saver into a new ``bucket`` whose uploads wait for the test (:class:`HeldUploads`)."""
+    s3_client.create_bucket(Bucket=bucket)
+    raw = example_settings(state_dir=str(tmp_path), steps=30)
+    raw["s3"].update(endpoint=moto_endpoint, bucket=bucket)
+    held = HeldUploads(s3_client)
+    return make(validate(raw), held, 1.0)[0], held
+
+
 def test_a_checkpoint_is_copied_to_s3_while_training_goes_on(s3_client, moto_endpoint, tmp_path, capsys):
     """save() returns once the checkpoint is written locally; ``checkpoint saved`` is logged once S3 has it; a
     loop that fails waits for the copy under way and raises its own error."""
-    s3_client.create_bucket(Bucket="ckpt-bg")
-    raw = example_settings(state_dir=str(tmp_path), steps=30)
-    raw["s3"].update(endpoint=moto_endpoint, bucket="ckpt-bg")
-    settings = validate(raw)
-    held = HeldUploads(s3_client)
-    saver, _ = make(settings, held, 1.0)
+    saver, held = held_saver(s3_client, moto_endpoint, tmp_path, "ckpt-bg")
+    settings = saver.settings
     assert saver.restore() == 0
     with pytest.raises(RuntimeError, match="the loop failed"), saver.uploads():
         saver.save(10)
@@ -171,6 +176,27 @@ def test_a_checkpoint_is_copied_to_s3_while_training_goes_on(s3_client, moto_end
         raise RuntimeError("the loop failed")
     assert checkpoints.saved_steps(s3_client, "ckpt-bg", settings.s3.checkpoint_prefix) == [10]
     assert "checkpoint saved at step 10\n" in capsys.readouterr().out
+
+
+def test_the_copy_after_each_upload_runs_in_the_uploading_thread_once_s3_has_the_checkpoint(
+        s3_client, moto_endpoint, tmp_path):
+    """The TensorBoard events' copy follows each checkpoint's upload in its thread, not in the loop's: held
+    uploads leave save() free to return, and the copy comes once S3 has the step, one per checkpoint."""
+    saver, held = held_saver(s3_client, moto_endpoint, tmp_path, "ckpt-after")
+    prefix = saver.settings.s3.checkpoint_prefix
+    copies = []
+
+    def copy():
+        in_main = threading.current_thread() is threading.main_thread()
+        copies.append((in_main, checkpoints.saved_steps(s3_client, "ckpt-after", prefix)))
+
+    saver.after_each_upload(copy)
+    with saver.uploads():
+        saver.save(10)
+        assert held.started.wait(30) and copies == []     # save() returned with the upload still held
+        held.release.set()
+        saver.save(20)
+    assert copies == [(False, [10]), (False, [10, 20])]
 
 
 def test_the_warm_up_traces_the_write_and_runs_the_finite_check_without_saving(s3_client, moto_endpoint, tmp_path):

@@ -141,11 +141,13 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
     saver = Saver(strategy, client, model, optimizer)
     restored = state.step = saver.restore()
 
+    # the events copied with each checkpoint, beside training: a run in progress can be looked at
+    saver.after_each_upload(job.summaries.upload)
+
     def save(step: int) -> None:
         saver.save(step)
         if step == settings.steps:   # the last: in S3 within the loop's time, as every save was when uploads blocked
             saver.wait_uploaded()
-        job.summaries.upload()      # with each checkpoint: a run in progress can be looked at
 
     replica_step = make_replica_step(model, optimizer, job.loss, strategy.weights_io(model))
     train_fn = noting(strategy, optimizer, state,
