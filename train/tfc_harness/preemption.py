@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 
+from . import s3io
 from .status import log_line
 
 PREEMPTED_EXIT_CODE = 5
@@ -71,10 +72,13 @@ def mark(client, settings) -> None:
 
 
 def clear(client, settings) -> None:
-    """Forget the notices of an earlier attempt of this run (the chief, before it trains)."""
-    listed = client.list_objects_v2(Bucket=settings.s3.bucket, Prefix=marker_prefix(settings))
-    for obj in listed.get("Contents", []):
-        client.delete_object(Bucket=settings.s3.bucket, Key=obj["Key"])
+    """Forget the notices of an earlier attempt of this run (the chief, before it trains), retried as every S3
+    request of the harness is (:func:`tfc_harness.s3io.with_retries`): a throttled listing here failed the
+    chief's start, and its restart failed the same way, under a store failing 15 % of requests."""
+    bucket = settings.s3.bucket
+    keys = list(s3io.list_keys(client, bucket, marker_prefix(settings), log=log))
+    if keys:
+        s3io.delete_keys(client, bucket, keys, log=log)
 
 
 class Notices:
