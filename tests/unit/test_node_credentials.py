@@ -7,15 +7,18 @@ inventory tfcluster renders; each node's env file is a file of its own under the
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import tarfile
 
 import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.unit.supervise import SUPERVISE
 from tfcluster import ansible_run, inventory
 from tfcluster.paths import PLAYBOOKS_DIR, ClusterState
 from tfcluster.providers.base import Node
@@ -33,7 +36,8 @@ def _no_control_dir_left(tmp_path):
 
 
 def local_cluster(tmp_path, strategy: str) -> tuple[ClusterState, dict]:
-    """The rendered inventory, its hosts reached with the local connection; each host's env file path."""
+    """The rendered inventory, its hosts reached with the local connection, each with a task directory of its
+    own (no task ever started) and the repo's supervisor; each host's env file path."""
     nodes = [Node(f"c-{role}-{i}", role, i, f"10.0.0.{10 + n}", f"10.0.0.{10 + n}", "root", 22, 0)
              for n, (role, i) in enumerate((r, i) for r, count in SHAPES[strategy].items() for i in range(count))]
     state = ClusterState("c", root=tmp_path)
@@ -44,7 +48,10 @@ def local_cluster(tmp_path, strategy: str) -> tuple[ClusterState, dict]:
         for name, hostvars in group["hosts"].items():
             env_files[name] = tmp_path / "nodes" / name / "task.env"
             env_files[name].parent.mkdir(parents=True)
-            hostvars.update(ansible_connection="local", tf_node_env_file=str(env_files[name]))
+            hostvars.update(ansible_connection="local", tf_node_env_file=str(env_files[name]),
+                            tf_node_state_dir=str(env_files[name].parent / "task"),
+                            tf_node_collect_dir=str(env_files[name].parent / "collect"),
+                            tf_node_supervisor=str(SUPERVISE))
     state.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
     return state, env_files
 
@@ -61,15 +68,10 @@ def start_credentials(state: ClusterState, keys: dict[str, str]) -> subprocess.C
                           env=ansible_run.environment(state, keys))
 
 
-def finish_but_the_stop(state: ClusterState) -> subprocess.CompletedProcess:
-    """playbooks/finish.yml without its first play, the stop of ps and workers (no supervisor runs on this
-    machine): the fetch of logs (none asked for here), the credentials' removal, every node's report."""
-    plays = yaml.safe_load((PLAYBOOKS_DIR / "finish.yml").read_text())
-    assert plays[1]["name"].startswith("Stop parameter servers and workers")
-    plays[0]["ansible.builtin.import_playbook"] = str(PLAYBOOKS_DIR / "boilerplate.yml")
-    play = state.dir / "finish-but-the-stop.yml"
-    play.write_text(yaml.safe_dump([plays[0], *plays[2:]], sort_keys=False))
-    return subprocess.run([str(ansible_run.BIN / "ansible-playbook"), "-i", str(state.inventory), str(play)],
+def finish(state: ClusterState, *extra: str) -> subprocess.CompletedProcess:
+    """playbooks/finish.yml as a run's end runs it (verbose: each command's argv and output shown)."""
+    return subprocess.run([str(ansible_run.BIN / "ansible-playbook"), "-v", "-i", str(state.inventory), *extra,
+                           str(PLAYBOOKS_DIR / "finish.yml")],
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
                           env=ansible_run.environment(state))
 
@@ -89,8 +91,8 @@ def test_keys_only_on_storage_nodes_and_gone_after_the_run(tmp_path, strategy):
             assert path.read_text() == f"AWS_ACCESS_KEY_ID={KEY_ID}\nAWS_SECRET_ACCESS_KEY={SECRET}\n", name
             assert oct(path.stat().st_mode & 0o777) == "0o600", name
 
-    # the plays of the run's finish (playbooks/finish.yml, also before teardown) after its stop remove them everywhere
-    res = finish_but_the_stop(state)
+    # the run's finish (playbooks/finish.yml, also before teardown) removes them everywhere
+    res = finish(state)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert set(re.findall(r"^(\S+)\s+: ok=", res.stdout, re.M)) == set(env_files) | {"localhost"}
     assert [name for name, path in env_files.items() if path.exists()] == []
@@ -156,17 +158,28 @@ def test_down_fetches_the_logs_again_only_when_the_runs_finish_did_not(tmp_path,
         assert "every node's log was fetched" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the role's commands run as root")
 @pytest.mark.parametrize("stop_chief", [False, True])
-def test_the_finish_stops_the_chief_only_when_asked(tmp_path, stop_chief):
-    """playbooks/finish.yml's stop play: ps and workers at a run's end; every task, chief included, with
-    tfcluster_stop_chief (after a Ctrl-C or a failure), in the same playbook as the logs' fetch."""
+def test_the_finish_stops_the_chief_only_when_asked_and_fetches_every_log(tmp_path, stop_chief):
+    """playbooks/finish.yml: ps and workers stopped at a run's end, the chief too (in a play before theirs)
+    with tfcluster_stop_chief (after a Ctrl-C or a failure); every node's archive fetched, in one command a
+    node and the fetch."""
     state, env_files = local_cluster(tmp_path, "parameter_server")
-    res = subprocess.run([str(ansible_run.BIN / "ansible-playbook"), "-i", str(state.inventory), "--list-hosts",
-                          "-e", f"tfcluster_stop_chief={str(stop_chief).lower()}",
-                          str(PLAYBOOKS_DIR / "finish.yml")],
-                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                         env=ansible_run.environment(state))
+    for path in env_files.values():
+        (path.parent / "task").mkdir()
+        (path.parent / "task" / "node.log").write_text(f"the log of {path.parent.name}\n")
+    dest = tmp_path / "logs"
+    res = finish(state, "-e", f"tf_node_logs_dest={dest}", "-e", f"tfcluster_stop_chief={str(stop_chief).lower()}")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    play = res.stdout.split("play #2 (", 1)[1].split("play #3", 1)[0]
-    stopped = set(re.findall(r"^\s+(c-\S+)$", play, re.M))
-    assert stopped == {n for n in env_files if stop_chief or "-chief-" not in n}, play
+    chief_stop = res.stdout.split("TASK [tf_node : Stop the task] ", 1)[1].split("TASK [", 1)[0]
+    assert re.findall(r"^(ok|changed|skipping): \[(\S+)\]", chief_stop, re.M) == \
+        [("ok" if stop_chief else "skipping", "c-chief-0")], chief_stop
+    ends = res.stdout.split("TASK [tf_node : Stop the task, remove its credentials file and archive", 1)[1]
+    ends = ends.split("TASK [", 1)[0]
+    argv = {name: json.loads(js)["cmd"] for name, js in re.findall(r"^ok: \[(\S+)\] => (\{.*\})$", ends, re.M)}
+    assert set(argv) == set(env_files), ends
+    assert {name for name, cmd in argv.items() if "--stop" in cmd} == {n for n in env_files if "-chief-" not in n}
+    assert all(cmd[cmd.index("--env-file") + 1] == str(env_files[name]) for name, cmd in argv.items())
+    for name in env_files:
+        with tarfile.open(dest / name / "collected.tar.gz") as tar:
+            assert tar.extractfile("node.log").read() == f"the log of {name}\n".encode()

@@ -458,6 +458,46 @@ def test_tail_and_collect_read_only_regular_files_of_the_task_never_through_a_li
     assert res.returncode == 0 and res.stdout == "the end\n"
 
 
+def test_finish_stops_the_task_removes_its_credentials_and_archives_its_log_in_one_command(tmp_path):
+    """`finish` (a node's part of a run's end, tf_node tasks_from: finish): the stop, the env file's removal and
+    the archive, each line of theirs after its part's name; without --stop a running task keeps running (a
+    chief's, unless asked), without --to nothing is archived."""
+    d, copy, env = tmp_path / "task", tmp_path / "copy", tmp_path / "task.env"
+    env.write_text("AWS_SECRET_ACCESS_KEY=x\n")
+    os.chmod(env, 0o600)
+    _sup("start", "--dir", str(d), "--env-file", str(env), "--", "/bin/sh", "-c", "echo up; exec sleep 60")
+    _wait_state(d, ("running",))
+    res = _sup("finish", "--dir", str(d), "--env-file", str(env))
+    assert res.returncode == 0 and res.stdout == f"credentials: removed {env}\n", res.stdout + res.stderr
+    assert _state(d)["state"] == "running" and not copy.exists()
+    res = _sup("finish", "--dir", str(d), "--stop", "--env-file", str(env), "--to", str(copy))
+    assert res.returncode == 0 and res.stdout.splitlines() == ["stop: stopped (state stopped)"], res.stdout + res.stderr
+    assert _state(d)["state"] == "stopped"
+    assert b"up\n" in _collected(copy)["node.log"] and "supervisor.json" in _collected(copy)
+    (d / "status.json").write_text(json.dumps({"pad": "x" * (2 << 20)}))
+    res = _sup("finish", "--dir", str(d), "--stop", "--to", str(copy))
+    assert res.stdout.splitlines() == ["stop: not running (state stopped)",
+                                       "archive: status.json: over 1048576 bytes: not taken"], res.stdout
+
+
+def test_finish_removes_the_credentials_even_when_the_stop_fails_and_then_archives_nothing(tmp_path, capsys):
+    from tests.unit.supervise import supervise_module
+
+    sup = supervise_module()
+    env, copy = tmp_path / "task.env", tmp_path / "copy"
+    env.write_text("AWS_SECRET_ACCESS_KEY=x\n")
+
+    def no_pidfd(_args):
+        raise OSError(38, "Function not implemented")
+
+    sup.cmd_stop = no_pidfd
+    args = sup.argparse.Namespace(dir=str(tmp_path / "task"), stop=True, grace=1.0, env_file=str(env), to=str(copy))
+    with pytest.raises(OSError):      # main() says it in one line, exit status 1: the node drops out of the play
+        sup.cmd_finish(args)
+    assert not env.exists() and not copy.exists()
+    assert capsys.readouterr().out == f"credentials: removed {env}\n"
+
+
 def test_tail_past_its_window_never_prints_a_cut_line(tmp_path):
     """`tail` reads the log's last 4 MiB: the first line there may be cut mid-character, and is never shown,
     even when the window holds fewer lines than asked for."""
