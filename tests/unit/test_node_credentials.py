@@ -158,28 +158,68 @@ def test_down_fetches_the_logs_again_only_when_the_runs_finish_did_not(tmp_path,
         assert "every node's log was fetched" in capsys.readouterr().out
 
 
+def commands(output: str, play: str) -> dict[str, list[str] | None]:
+    """What the finish's command did on each host in the play whose name starts with ``play`` (``-v``
+    output): its argv, or None where it was skipped."""
+    section = output.split(f"PLAY [{play}", 1)[1].split("\nPLAY ", 1)[0]
+    task = section.split("TASK [tf_node : Stop the task, remove its credentials file and archive", 1)[1]
+    task = task.split("\nTASK [", 1)[0]
+    found = re.findall(r"^(?:ok|changed): \[(\S+)\] => (\{.*\})$", task, re.M)
+    ran = {name: json.loads(js)["cmd"] for name, js in found}
+    return ran | {name: None for name in re.findall(r"^skipping: \[(\S+)\]", task, re.M)}
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the role's commands run as root")
 @pytest.mark.parametrize("stop_chief", [False, True])
 def test_the_finish_stops_the_chief_only_when_asked_and_fetches_every_log(tmp_path, stop_chief):
-    """playbooks/finish.yml: ps and workers stopped at a run's end, the chief too (in a play before theirs)
-    with tfcluster_stop_chief (after a Ctrl-C or a failure); every node's archive fetched, in one command a
-    node and the fetch."""
+    """playbooks/finish.yml: ps and workers stopped at a run's end, the chief too, in a play before theirs,
+    with tfcluster_stop_chief (after a Ctrl-C or a failure); each node's credentials removed and its archive
+    fetched, in one command a node and the fetch."""
     state, env_files = local_cluster(tmp_path, "parameter_server")
     for path in env_files.values():
         (path.parent / "task").mkdir()
         (path.parent / "task" / "node.log").write_text(f"the log of {path.parent.name}\n")
+        path.write_text("AWS_SECRET_ACCESS_KEY=x\n")
     dest = tmp_path / "logs"
     res = finish(state, "-e", f"tf_node_logs_dest={dest}", "-e", f"tfcluster_stop_chief={str(stop_chief).lower()}")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    chief_stop = res.stdout.split("TASK [tf_node : Stop the task] ", 1)[1].split("TASK [", 1)[0]
-    assert re.findall(r"^(ok|changed|skipping): \[(\S+)\]", chief_stop, re.M) == \
-        [("ok" if stop_chief else "skipping", "c-chief-0")], chief_stop
-    ends = res.stdout.split("TASK [tf_node : Stop the task, remove its credentials file and archive", 1)[1]
-    ends = ends.split("TASK [", 1)[0]
-    argv = {name: json.loads(js)["cmd"] for name, js in re.findall(r"^ok: \[(\S+)\] => (\{.*\})$", ends, re.M)}
-    assert set(argv) == set(env_files), ends
-    assert {name for name, cmd in argv.items() if "--stop" in cmd} == {n for n in env_files if "-chief-" not in n}
-    assert all(cmd[cmd.index("--env-file") + 1] == str(env_files[name]) for name, cmd in argv.items())
+    first, then = commands(res.stdout, "Stop the chief first"), commands(res.stdout, "Stop parameter servers")
+    chief = "c-chief-0"
+    assert {n for n, cmd in first.items() if cmd} == ({chief} if stop_chief else set()), first
+    assert {n for n, cmd in then.items() if cmd} == set(env_files) - ({chief} if stop_chief else set()), then
+    ran = {n: cmd for play in (first, then) for n, cmd in play.items() if cmd}
+    assert {n for n, cmd in ran.items() if "--stop" in cmd} == {n for n in env_files if stop_chief or n != chief}
+    assert all(cmd[cmd.index("--env-file") + 1] == str(env_files[n]) for n, cmd in ran.items())
+    assert [n for n, path in env_files.items() if path.exists()] == []
     for name in env_files:
         with tarfile.open(dest / name / "collected.tar.gz") as tar:
             assert tar.extractfile("node.log").read() == f"the log of {name}\n".encode()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the role's commands run as root")
+@pytest.mark.parametrize("supervisor", ["/bin/false", "without finish"])
+def test_a_chief_whose_end_fails_drops_out_and_every_node_loses_its_credentials(tmp_path, supervisor):
+    """After a Ctrl-C (tfcluster_stop_chief), the chief's part of the run's end fails (its stop, or a supervisor
+    from before `finish`): its credentials go all the same, it does not report, and the other nodes' part
+    runs (their tasks stopped, credentials removed, logs fetched)."""
+    state, env_files = local_cluster(tmp_path, "parameter_server")
+    chief = "c-chief-0"
+    if supervisor == "without finish":       # what a node configured before `finish` existed answers
+        old = tmp_path / "old-tfc-supervise"
+        old.write_text("#!/bin/sh\n[ \"$1\" = stop ] && { echo 'not running (state stopped)'; exit 0; }\n"
+                       "echo \"tfc-supervise: error: argument cmd: invalid choice: '$1'\" >&2; exit 2\n")
+        old.chmod(0o755)
+        supervisor = str(old)
+    inv = yaml.safe_load(state.inventory.read_text())
+    inv["all"]["children"]["chief"]["hosts"][chief]["tf_node_supervisor"] = supervisor
+    state.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
+    for path in env_files.values():
+        (path.parent / "task").mkdir()
+        path.write_text("AWS_SECRET_ACCESS_KEY=x\n")
+    dest = tmp_path / "logs"
+    res = finish(state, "-e", f"tf_node_logs_dest={dest}", "-e", "tfcluster_stop_chief=true")
+    assert res.returncode != 0 and f"{chief} did not report" in res.stdout, res.stdout[-3000:]
+    assert [n for n, path in env_files.items() if path.exists()] == []
+    then = commands(res.stdout, "Stop parameter servers")
+    assert set(then) == set(env_files) - {chief} and all("--stop" in cmd for cmd in then.values()), then
+    assert sorted(p.parent.name for p in dest.glob("*/collected.tar.gz")) == sorted(set(env_files) - {chief})

@@ -38,12 +38,20 @@ def test_argument_specs_match_defaults(role):
 
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
 def test_every_task_is_named_and_fqcn(role):
+    def tasks(listed):      # a block's tasks, and its rescue's and always's, count too
+        for task in listed or []:
+            yield task
+            for part in ("block", "rescue", "always"):
+                yield from tasks(task.get(part))
+
     for path in (role / "tasks").glob("*.yml"):
-        for task in yaml.safe_load(path.read_text()) or []:
+        for task in tasks(yaml.safe_load(path.read_text())):
             assert task.get("name"), f"{path}: unnamed task {task}"
+            if "block" in task:
+                continue
             module = next(k for k in task if k not in ("name", "register", "when", "loop", "vars", "no_log",
-                                                       "changed_when", "delegate_to", "run_once", "environment",
-                                                       "with_fileglob", "tags", "become"))
+                                                       "changed_when", "failed_when", "delegate_to", "run_once",
+                                                       "environment", "with_fileglob", "tags", "become"))
             assert module.startswith("ansible."), f"{path}: {task['name']} uses {module} without FQCN"
 
 
