@@ -506,6 +506,21 @@ def test_finish_removes_the_credentials_even_when_the_stop_fails_and_then_archiv
     assert capsys.readouterr().out == f"credentials: removed {env}\n"
 
 
+def test_finish_removes_whatever_is_in_the_credentials_files_place_never_following_a_link(tmp_path):
+    """A directory or a link where the env file goes is removed itself (as Ansible's `file: absent` did before
+    `finish`); a link's target stays."""
+    target = tmp_path / "elsewhere"
+    target.write_text("not the node's\n")
+    env = tmp_path / "task.env"
+    for make in (lambda: (env.mkdir(), (env / "inside").write_text("x")), lambda: env.symlink_to(target)):
+        make()
+        res = _sup("finish", "--dir", str(tmp_path / "task"), "--env-file", str(env))
+        assert res.returncode == 0 and res.stdout == f"credentials: removed {env}\n", res.stdout + res.stderr
+        assert not os.path.lexists(env) and target.read_text() == "not the node's\n"
+    res = _sup("finish", "--dir", str(tmp_path / "task"), "--env-file", str(env))
+    assert res.returncode == 0 and res.stdout == "", res.stdout + res.stderr     # nothing there: nothing said
+
+
 def test_tail_past_its_window_never_prints_a_cut_line(tmp_path):
     """`tail` reads the log's last 4 MiB: the first line there may be cut mid-character, and is never shown,
     even when the window holds fewer lines than asked for."""
