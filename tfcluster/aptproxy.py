@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .poll import owned_pid, port_open, wait_until
+from .poll import ended, owned_pid, port_open, wait_until
 
 PORT = 3142
 ALLOWED_HOSTS = ("deb.debian.org",)
@@ -261,7 +261,7 @@ def stop(p: dict) -> None:
     pid = running_pid(Path(p["state_dir"]))
     if pid:
         os.kill(pid, signal.SIGTERM)
-        if not wait_until(lambda: not Path(f"/proc/{pid}").exists(), 5, 0.05):
+        if not wait_until(lambda: ended(pid), 5, 0.05):
             os.kill(pid, signal.SIGKILL)
         print(f"apt proxy: stopped (pid {pid})")
     _pid_file(p).unlink(missing_ok=True)

@@ -43,3 +43,14 @@ def owned_pid(pid_file: Path, marker: bytes) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return pid if marker in cmdline else None
+
+
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended: none has that pid, or it is a zombie (ended, its exit status not yet
+    collected). A daemon's zombie is init's to collect, which may take a while (here about a second), so
+    waiting for its /proc entry to go waits for init, not for the daemon."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")     # the state after "pid (comm) "

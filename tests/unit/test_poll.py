@@ -32,3 +32,18 @@ def test_owned_pid_only_for_a_live_process_with_the_marker(tmp_path):
     pid_file.write_text("not a pid\n")
     assert poll.owned_pid(pid_file, b"python") is None
     assert poll.owned_pid(tmp_path / "missing.pid", b"python") is None
+
+
+def test_a_process_has_ended_once_it_exits_even_before_its_status_is_collected():
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not poll.ended(proc.pid)
+        proc.kill()
+        assert poll.wait_until(lambda: poll.ended(proc.pid), 10, 0.01)
+        assert os.path.exists(f"/proc/{proc.pid}")        # a zombie: its exit status not yet collected
+    finally:
+        proc.kill()
+        proc.wait()
+    assert poll.ended(proc.pid)
