@@ -63,16 +63,6 @@ def environment(state: ClusterState, extra: dict[str, str] | None = None, mitoge
     return env
 
 
-def ping(state: ClusterState, timeout: int = 10) -> subprocess.CompletedProcess:
-    """``ansible all -m ping`` through the cluster's inventory: the first contact with new nodes, so never
-    through mitogen, which puts ``StrictHostKeyChecking yes`` ahead of the cluster's ``accept-new``: this ping
-    records each node's host key in the cluster's known_hosts, and every playbook after it finds it there."""
-    cmd = [str(BIN / "ansible"), "all", "-i", str(state.inventory), "-m", "ansible.builtin.ping", "-o",
-           "-T", str(timeout)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=environment(state, mitogen=False),
-                          stdin=subprocess.DEVNULL)
-
-
 def playbook(state: ClusterState, name: str, extra_vars_file: Path | None = None,
              forks: int = 32, log_file: Path | None = None, env: dict[str, str] | None = None,
              console: bool = True, mitogen: bool = True,

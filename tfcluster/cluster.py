@@ -11,9 +11,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-from . import ansible_run, inventory, job, poll, remote, runrecord, store
+from . import inventory, job, poll, remote, runrecord, store
 from .config import ROLES, RunSpec, resolve
 from .errors import Busy, ClusterMismatch, ProvisionError, TfclusterError
 from .paths import ClusterState, held_alone, lock_holder
@@ -91,20 +92,40 @@ def prepare_storage(spec: RunSpec) -> None:
 
 
 def wait_for_ssh(state: ClusterState, nodes: list[Node], timeout: int) -> None:
-    """Until Ansible pings every node, or fail naming the nodes that never answered."""
-    last: dict = {}
+    """Until every node runs the Python Ansible uses there (``inventory.NODE_PYTHON``) over SSH, or fail naming
+    the nodes that never did and what ssh said. The first contact with new nodes: their host keys go into the
+    cluster's known_hosts (accept-new: mitogen, which checks host keys strictly, comes later), and each
+    connection stays open as the control master Ansible's next runs reuse (one set of options and control
+    sockets, :mod:`tfcluster.remote`). One ssh a node at once rather than ``ansible all -m ping``: 0.5 s against
+    2.3-2.6 s on 4 local nodes (Ansible's start, then its module's on every node)."""
+    probe = f"{inventory.NODE_PYTHON} -c ''"
+    why: dict[str, str] = {n.name: "" for n in nodes}
+
+    def reach(node: Node) -> str:
+        """'' once the node ran the probe; otherwise ssh's last word on it."""
+        try:
+            res = subprocess.run(remote.ssh_command(state, node, probe), capture_output=True, text=True,
+                                 errors="replace", timeout=remote.CONNECT_TIMEOUT + 10, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return f"no answer within {remote.CONNECT_TIMEOUT + 10}s"
+        said = (res.stderr or res.stdout).strip().splitlines()
+        return "" if res.returncode == 0 else (said[-1] if said else f"exit status {res.returncode}")
 
     def all_answer() -> bool:
-        res = last["res"] = ansible_run.ping(state, timeout=10)
-        last["bad"] = [n.name for n in nodes if f"{n.name} | SUCCESS" not in res.stdout]
-        return not last["bad"]
+        waiting = [n for n in nodes if n.name in why]
+        with ThreadPoolExecutor(max_workers=min(32, max(1, len(waiting)))) as pool:
+            for node, said in zip(waiting, pool.map(reach, waiting), strict=True):
+                if said:
+                    why[node.name] = said
+                else:
+                    del why[node.name]
+        return not why
 
     if poll.wait_until(all_answer, timeout, 2):
-        say(f"ansible reaches all {len(nodes)} nodes")
+        say(f"all {len(nodes)} nodes answer over SSH")
         return
-    bad, res = last["bad"], last["res"]
-    detail = "\n".join(line for line in (res.stdout + res.stderr).splitlines() if any(b in line for b in bad))
-    raise ProvisionError(f"nodes not reachable over SSH after {timeout}s: {', '.join(bad)}\n{detail}")
+    detail = "\n".join(f"{name}: {said}" for name, said in why.items())
+    raise ProvisionError(f"nodes not reachable over SSH after {timeout}s: {', '.join(why)}\n{detail}")
 
 
 def preflight(spec: RunSpec) -> tuple[Provider, dict]:

@@ -26,6 +26,25 @@ def state(tmp_path, monkeypatch):
     shutil.rmtree(st.control_dir, ignore_errors=True)    # ansible_run.environment made it (in the temp dir)
 
 
+def test_nodes_that_never_answer_over_ssh_fail_the_wait_naming_each_with_what_ssh_said(state):
+    import socket
+
+    from tfcluster import cluster
+    from tfcluster.errors import ProvisionError
+    from tfcluster.providers.base import Node
+
+    with socket.socket() as s:       # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [Node(f"c-worker-{i}", "worker", i, "127.0.0.1", "127.0.0.1", "debian", port, 0) for i in range(2)]
+    with pytest.raises(ProvisionError) as err:
+        cluster.wait_for_ssh(state, nodes, timeout=1)
+    first, *detail = str(err.value).splitlines()
+    assert first == "nodes not reachable over SSH after 1s: c-worker-0, c-worker-1"
+    assert [line.split(": ", 1)[0] for line in detail] == ["c-worker-0", "c-worker-1"], detail
+    assert all("Connection refused" in line for line in detail), detail
+
+
 def test_mitogen_is_installed_and_its_strategy_plugin_is_where_ansible_is_told(state):
     env = ansible_run.environment(state)
     assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
@@ -102,12 +121,24 @@ def test_ansible_runs_the_modules_in_mitogens_interpreter_only_when_asked(state,
     assert ("(mitogen:" in parent.group(1)) is mitogen, parent.group(1)
 
 
-def test_first_contact_and_the_short_playbooks_run_without_mitogen(state, monkeypatch):
+def test_the_first_contact_is_plain_ssh_that_accepts_new_host_keys_then_the_short_playbooks_run_without_mitogen(
+        state, monkeypatch):
+    from tfcluster import cluster
+    from tfcluster.providers.base import Node
+
+    nodes = [Node(f"c-worker-{i}", "worker", i, ip, ip, "debian", 22, 0)
+             for i, ip in enumerate(["10.9.9.2", "10.9.9.3"])]
     seen = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: seen.append(kw["env"]) or
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: seen.append(cmd) or
                         subprocess.CompletedProcess(cmd, 0, "", ""))
-    ansible_run.ping(state)
-    assert "ANSIBLE_STRATEGY" not in seen[-1]    # mitogen would check the new nodes' host keys strictly
+    cluster.wait_for_ssh(state, nodes, timeout=5)
+    # mitogen, which checks host keys strictly, comes later: the first contact records them (accept-new) and
+    # leaves the control masters Ansible's next runs use
+    assert sorted(cmd[-2] for cmd in seen) == ["debian@10.9.9.2", "debian@10.9.9.3"]
+    for cmd in seen:
+        assert cmd[0] == "ssh" and cmd[-1] == "/usr/bin/python3 -c ''", cmd
+        assert "StrictHostKeyChecking=accept-new" in cmd and f"UserKnownHostsFile={state.known_hosts}" in cmd
+        assert f"ControlPath={state.control_dir}/%C" in cmd and "ControlMaster=auto" in cmd
 
     calls = []
     monkeypatch.setattr(ansible_run, "playbook", lambda _s, name, _e, **kw: calls.append((name, kw)) or {})
