@@ -1,6 +1,6 @@
 """Which Ansible strategy tfcluster runs each playbook with (tfcluster/ansible_run.py): mitogen's for the long
-ones, Ansible's own for the first contact with new nodes and for the short playbooks, and whatever the user's
-ANSIBLE_STRATEGY says when it is set."""
+ones, Ansible's own for the short playbooks, and whatever the user's ANSIBLE_STRATEGY says when it is set; and
+the first contact with new nodes, plain ssh with Ansible's options before any of them."""
 
 from __future__ import annotations
 
