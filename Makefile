@@ -72,7 +72,7 @@ plan: $(BOOTSTRAP) ## Show what up would create (nodes, Terraform plan or RADL, 
 	$(TFCLUSTER) plan $(CONFIG_ARGS) $(SWEEP_ARGS)
 
 .PHONY: up
-up: $(BOOTSTRAP) ## Provision the cluster (local provider by default) and check Ansible reaches every node (SWEEP=file: its groups)
+up: $(BOOTSTRAP) ## Provision the cluster (local provider by default) and wait until every node runs its Python over SSH, through sudo for a non-root login (SWEEP=file: its groups)
 	$(TFCLUSTER) up $(CONFIG_ARGS) $(SWEEP_ARGS) $(DOWN_ON_FAILURE)
 
 .PHONY: train

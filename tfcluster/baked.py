@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from . import ansible_run, image, tfsupport, wheelhouse
+from . import ansible_run, image, remote, tfsupport, wheelhouse
 from .config import RunSpec
 from .errors import TfclusterError
 from .paths import REPO, ROLES_DIR, ClusterState, made_once
@@ -324,6 +324,7 @@ class LocalBuilder:
             self.log(f"builder teardown: {str(exc).splitlines()[0]}; cleaning up directly")
         provider.force_cleanup()
         left = provider.leftovers()
+        remote.close_masters(self.state)      # its nodes are gone: nothing else ends their SSH masters sooner
         for path in (self.state.dir, self.state.control_dir):   # (its SSH sockets' directory is in the temp dir)
             shutil.rmtree(path, ignore_errors=True)
         if left:

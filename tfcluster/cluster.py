@@ -92,20 +92,23 @@ def prepare_storage(spec: RunSpec) -> None:
 
 
 def wait_for_ssh(state: ClusterState, nodes: list[Node], timeout: int) -> None:
-    """Until every node runs the Python Ansible uses there (``inventory.NODE_PYTHON``) over SSH, or fail naming
-    the nodes that never did and what ssh said. The first contact with new nodes: their host keys go into the
-    cluster's known_hosts (accept-new: mitogen, which checks host keys strictly, comes later), and each
-    connection stays open as the control master Ansible's next runs reuse (one set of options and control
-    sockets, :mod:`tfcluster.remote`). One ssh a node at once rather than ``ansible all -m ping``: 0.5 s against
-    2.3-2.6 s on 4 local nodes (Ansible's start, then its module's on every node)."""
+    """Until every node runs the Python Ansible uses there (``inventory.NODE_PYTHON``) over SSH, with root's
+    rights as Ansible takes them (``sudo -n`` for a non-root login: the inventory's ``ansible_become``), or fail
+    naming the nodes that never did and what ssh said. The first contact with new nodes: their host keys go
+    into the cluster's known_hosts (accept-new: mitogen, which checks host keys strictly, comes later), and each
+    connection stays open for ControlPersist as a control master that Ansible's own strategy and tfcluster's
+    node commands reuse (one set of options and control sockets, :mod:`tfcluster.remote`; mitogen opens its
+    own). One ssh a node at once rather than ``ansible all -m ping``: 0.5 s against 2.3-2.6 s on 4 local nodes
+    (Ansible's start, then its module's on every node)."""
     probe = f"{inventory.NODE_PYTHON} -c ''"
     why: dict[str, str] = {n.name: "" for n in nodes}
 
     def reach(node: Node) -> str:
         """'' once the node ran the probe; otherwise ssh's last word on it."""
         try:
-            res = subprocess.run(remote.ssh_command(state, node, probe), capture_output=True, text=True,
-                                 errors="replace", timeout=remote.CONNECT_TIMEOUT + 10, stdin=subprocess.DEVNULL)
+            res = subprocess.run(remote.ssh_command(state, node, remote.as_root(node, probe)), capture_output=True,
+                                 text=True, errors="replace", timeout=remote.CONNECT_TIMEOUT + 10,
+                                 stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return f"no answer within {remote.CONNECT_TIMEOUT + 10}s"
         said = (res.stderr or res.stdout).strip().splitlines()
@@ -204,9 +207,10 @@ def up_alone(spec: RunSpec) -> list[Node]:
 
 
 def up(spec: RunSpec, provider: Provider | None = None) -> list[Node]:
-    """Create the cluster's nodes and wait until Ansible reaches them. ``provider``: the one
-    :func:`preflight` returned for this spec, when the caller ran it already (a sweep checks every group
-    before it creates any); without it the checks run here first, before anything is created."""
+    """Create the cluster's nodes and wait until each runs its Python over SSH (:func:`wait_for_ssh`).
+    ``provider``: the one :func:`preflight` returned for this spec, when the caller ran it already (a sweep
+    checks every group before it creates any); without it the checks run here first, before anything is
+    created."""
     state = ClusterState(spec.cluster)
     if provider is None:
         provider, _ = preflight(spec)

@@ -45,6 +45,24 @@ def test_nodes_that_never_answer_over_ssh_fail_the_wait_naming_each_with_what_ss
     assert all("Connection refused" in line for line in detail), detail
 
 
+def test_the_wait_asks_again_only_the_nodes_that_did_not_answer_until_each_has(state, monkeypatch):
+    from tfcluster import cluster
+    from tfcluster.providers.base import Node
+
+    nodes = [Node(f"c-worker-{i}", "worker", i, f"10.9.9.{i + 2}", f"10.9.9.{i + 2}", "root", 22, 0) for i in range(2)]
+    asked = []
+
+    def run(cmd, **kw):     # the second node refuses the first time, then answers
+        asked.append(cmd[-2])
+        refused = cmd[-2] == "root@10.9.9.3" and asked.count(cmd[-2]) == 1
+        return subprocess.CompletedProcess(cmd, 255 if refused else 0, "", "Connection refused\n" if refused else "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(cluster.poll.time, "sleep", lambda s: None)
+    cluster.wait_for_ssh(state, nodes, timeout=30)
+    assert sorted(asked) == ["root@10.9.9.2", "root@10.9.9.3", "root@10.9.9.3"]
+
+
 def test_mitogen_is_installed_and_its_strategy_plugin_is_where_ansible_is_told(state):
     env = ansible_run.environment(state)
     assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
@@ -126,19 +144,26 @@ def test_the_first_contact_is_plain_ssh_that_accepts_new_host_keys_then_the_shor
     from tfcluster import cluster
     from tfcluster.providers.base import Node
 
-    nodes = [Node(f"c-worker-{i}", "worker", i, ip, ip, "debian", 22, 0)
-             for i, ip in enumerate(["10.9.9.2", "10.9.9.3"])]
+    nodes = [Node("c-worker-0", "worker", 0, "10.9.9.2", "10.9.9.2", "debian", 22, 0),
+             Node("c-worker-1", "worker", 1, "10.9.9.3", "10.9.9.3", "root", 2222, 0)]
     seen = []
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: seen.append(cmd) or
                         subprocess.CompletedProcess(cmd, 0, "", ""))
     cluster.wait_for_ssh(state, nodes, timeout=5)
     # mitogen, which checks host keys strictly, comes later: the first contact records them (accept-new) and
-    # leaves the control masters Ansible's next runs use
-    assert sorted(cmd[-2] for cmd in seen) == ["debian@10.9.9.2", "debian@10.9.9.3"]
-    for cmd in seen:
-        assert cmd[0] == "ssh" and cmd[-1] == "/usr/bin/python3 -c ''", cmd
-        assert "StrictHostKeyChecking=accept-new" in cmd and f"UserKnownHostsFile={state.known_hosts}" in cmd
-        assert f"ControlPath={state.control_dir}/%C" in cmd and "ControlMaster=auto" in cmd
+    # leaves control masters for Ansible's own strategy; Python runs as Ansible runs it, through sudo for a
+    # non-root login (the inventory's ansible_become)
+    by_dest = {cmd[-2]: cmd for cmd in seen}
+    assert sorted(by_dest) == ["debian@10.9.9.2", "root@10.9.9.3"] and len(seen) == 2
+    assert by_dest["debian@10.9.9.2"][-1] == "sudo -n /usr/bin/python3 -c ''"
+    assert by_dest["root@10.9.9.3"][-1] == "/usr/bin/python3 -c ''"
+    for dest, cmd in by_dest.items():
+        options = cmd[1:-2]          # every option before the destination
+        assert cmd[0] == "ssh" and options[options.index("-i") + 1] == str(state.ssh_key), cmd
+        assert options[options.index("-p") + 1] == ("22" if dest.startswith("debian") else "2222"), cmd
+        assert "StrictHostKeyChecking=accept-new" in options and f"UserKnownHostsFile={state.known_hosts}" in options
+        assert f"ControlPath={state.control_dir}/%C" in options and "ControlMaster=auto" in options
+        assert "BatchMode=yes" in options
 
     calls = []
     monkeypatch.setattr(ansible_run, "playbook", lambda _s, name, _e, **kw: calls.append((name, kw)) or {})
@@ -169,7 +194,7 @@ def test_every_play_that_applies_an_image_role_runs_with_ansibles_own_linear_str
 
 
 def test_ansibles_ssh_and_tfclusters_node_commands_share_one_control_socket_per_node(state):
-    """Ansible's own ssh (the ping, the short playbooks) names its control socket as tfcluster/remote.py does,
+    """Ansible's own ssh (the short playbooks, an ad-hoc command) names its control socket as tfcluster/remote.py does,
     so a status poll or the configure check reuses a master a play left (and a play one a poll left). Seen
     in the ssh command Ansible runs against a closed port of this machine's loopback."""
     from tfcluster import remote
