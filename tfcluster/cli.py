@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     _sweep_arg(p, "also show the sweep's trials and the groups of nodes they run on")
     p = add("up", cmd_up, "provision the cluster's nodes and wait until each runs its Python over SSH "
-                             "(through sudo for a non-root login)")
+                          "(through sudo for a non-root login)")
     _config_args(p)
     _sweep_arg(p, "also bring up every group of nodes the sweep runs its trials on")
     _down_on_failure_args(p)

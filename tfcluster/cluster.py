@@ -106,9 +106,7 @@ def wait_for_ssh(state: ClusterState, nodes: list[Node], timeout: int) -> None:
     def reach(node: Node) -> str:
         """'' once the node ran the probe; otherwise ssh's last word on it."""
         try:
-            res = subprocess.run(remote.ssh_command(state, node, remote.as_root(node, probe)), capture_output=True,
-                                 text=True, errors="replace", timeout=remote.CONNECT_TIMEOUT + 10,
-                                 stdin=subprocess.DEVNULL)
+            res = remote.call(state, node, probe, timeout=remote.CONNECT_TIMEOUT + 10)
         except subprocess.TimeoutExpired:
             return f"no answer within {remote.CONNECT_TIMEOUT + 10}s"
         said = (res.stderr or res.stdout).strip().splitlines()

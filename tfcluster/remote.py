@@ -73,14 +73,21 @@ def as_root(node: Node, command: str) -> str:
     return command if node.ssh_user == "root" else f"sudo -n {command}"
 
 
+def call(state: ClusterState, node: Node, command: str, timeout: float = 30,
+         root: bool = True) -> subprocess.CompletedProcess:
+    """Run a command on a node with root's rights (``root=False``: as the login user, without sudo's start):
+    its result, or ssh's own failure as exit status 255; raises ``subprocess.TimeoutExpired``."""
+    return subprocess.run(ssh_command(state, node, as_root(node, command) if root else command),
+                          capture_output=True, text=True, errors="replace",    # a task's log may hold any bytes
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
 def run(state: ClusterState, node: Node, command: str, timeout: float = 30,
         root: bool = True) -> subprocess.CompletedProcess | None:
-    """Run a command on a node with root's rights (``root=False``: as the login user, without sudo's start);
-    None when the node does not answer (ssh's own exit status 255, or nothing within the timeout)."""
+    """:func:`call`, or None when the node does not answer (ssh's own exit status 255, or nothing within the
+    timeout)."""
     try:
-        res = subprocess.run(ssh_command(state, node, as_root(node, command) if root else command),
-                             capture_output=True, text=True, errors="replace",    # a task's log may hold any bytes
-                             timeout=timeout, stdin=subprocess.DEVNULL)
+        res = call(state, node, command, timeout, root)
     except subprocess.TimeoutExpired:
         return None
     return None if res.returncode == 255 else res

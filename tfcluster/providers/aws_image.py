@@ -99,8 +99,9 @@ class AwsBuilder:
         self.launch()
         inst = self.ec2.describe_instances(InstanceIds=[self.instance_id])["Reservations"][0]["Instances"][0]
         node = Node(name=f"image-builder-{self.inputs.key}", role="chief", index=0,
-                    private_ip=inst.get("PrivateIpAddress", ""),      # no public address: reached privately,
-                    public_ip=inst.get("PublicIpAddress") or inst.get("PrivateIpAddress", ""),   # as Node.from_dict
+                    # an instance without a public address is reached at its private one, as Node.from_dict does
+                    private_ip=inst.get("PrivateIpAddress", ""),
+                    public_ip=inst.get("PublicIpAddress") or inst.get("PrivateIpAddress", ""),
                     ssh_user=self.ssh_user, ssh_port=22, gpus=self.inputs.gpus)
         write_nodes(self.state.nodes, [node])
         inventory.write(self.state, [node], self.spec.network.tf_port, self.spec.strategy)
