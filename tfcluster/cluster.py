@@ -11,7 +11,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from . import inventory, job, poll, remote, runrecord, store
@@ -113,13 +112,11 @@ def wait_for_ssh(state: ClusterState, nodes: list[Node], timeout: int) -> None:
         return "" if res.returncode == 0 else (said[-1] if said else f"exit status {res.returncode}")
 
     def all_answer() -> bool:
-        waiting = [n for n in nodes if n.name in why]
-        with ThreadPoolExecutor(max_workers=min(32, max(1, len(waiting)))) as pool:
-            for node, said in zip(waiting, pool.map(reach, waiting), strict=True):
-                if said:
-                    why[node.name] = said
-                else:
-                    del why[node.name]
+        for name, said in remote.on_each([n for n in nodes if n.name in why], reach).items():
+            if said:
+                why[name] = said
+            else:
+                del why[name]
         return not why
 
     if poll.wait_until(all_answer, timeout, 2):

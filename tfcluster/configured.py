@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 from . import baked, remote
 from .paths import ANSIBLE_CFG, PLAYBOOKS_DIR, REPO, ROLES_DIR, ClusterState
@@ -52,8 +51,7 @@ def read_stamps(state: ClusterState, nodes: list[Node]) -> dict[str, tuple[str, 
         stamp, key = (res.stdout.split("\n") + ["", ""])[:2]
         return stamp.strip(), key.strip()
 
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(nodes)))) as pool:
-        return dict(zip([n.name for n in nodes], pool.map(one, nodes), strict=True))
+    return remote.on_each(nodes, one)
 
 
 def up_to_date(state: ClusterState, nodes: list[Node], wanted: str, image_keys: dict[str, str]) -> bool:

@@ -12,6 +12,9 @@ import functools
 import json
 import shlex
 import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from .errors import TfclusterError
 from .paths import ANSIBLE_CFG, ClusterState
@@ -21,6 +24,9 @@ from .providers.base import Node
 TASK_DIR = "/var/lib/tfcluster/task"
 SUPERVISE = "/usr/local/bin/tfc-supervise"
 CONNECT_TIMEOUT = 10
+#: the most nodes :func:`on_each` talks to at once (ansible.cfg's forks)
+AT_ONCE = 32
+T = TypeVar("T")
 
 
 class NodeCommandError(TfclusterError):
@@ -53,6 +59,12 @@ def ssh_command(state: ClusterState, node: Node, command: str) -> list[str]:
     return ["ssh", "-i", str(state.ssh_key), *general_options(), *cluster_options(state),
             "-o", "BatchMode=yes", "-o", f"ControlPath={state.ensure_control_dir()}/%C",
             "-p", str(node.ssh_port), f"{node.ssh_user}@{node.public_ip}", command]
+
+
+def on_each(nodes: list[Node], one: Callable[[Node], T]) -> dict[str, T]:
+    """``one(node)`` for every node at once (at most :data:`AT_ONCE` at a time), by node name."""
+    with ThreadPoolExecutor(max_workers=min(AT_ONCE, max(1, len(nodes)))) as pool:
+        return dict(zip([n.name for n in nodes], pool.map(one, nodes), strict=True))
 
 
 def close_masters(state: ClusterState) -> None:
