@@ -122,6 +122,68 @@ def test_a_task_is_forked_by_the_warm_interpreter_which_serves_restarts_and_the_
     assert "warm interpreter: starting" not in log and f"forked from the warm interpreter, pid {server}" in log, log
 
 
+def slow_preload(tmp_path: Path, env: dict, seconds: float) -> dict:
+    """``env`` with a preload that takes ``seconds`` (a module that sleeps as it is imported)."""
+    (tmp_path / "slowload.py").write_text(f"import time\ntime.sleep({seconds})\n")
+    return dict(env, TFC_WARM_PRELOAD="json,slowload", PYTHONPATH=str(tmp_path))
+
+
+def test_warm_starts_the_interpreter_ahead_and_the_task_s_start_waits_for_its_imports(setup):
+    tmp_path, script, secrets, warm, env = setup
+    env = slow_preload(tmp_path, env, 2.0)
+    d = tmp_path / "task"
+    args = ["--dir", str(d), "--warm", str(warm), "--env-file", str(tmp_path / "not-written-yet.env"), "--",
+            sys.executable, str(script), "0"]
+    t0 = time.monotonic()
+    res = sup(env, "warm", *args)
+    took = time.monotonic() - t0
+    assert res.returncode == 0 and res.stdout.startswith("warm interpreter starting (pid "), res.stdout + res.stderr
+    ahead = int(res.stdout.split("(pid ")[1].split(")")[0])
+    record = json.loads((warm / "warm.json").read_text())
+    assert record["pid"] == ahead and record["ready"] is False, record     # returned while it loads
+    assert took < 2.0, took
+    again = sup(env, "warm", *args)                  # a second `warm` finds it: no other interpreter
+    assert again.stdout.strip() in (f"warm interpreter loading (pid {ahead})",
+                                    f"warm interpreter ready (pid {ahead})"), again.stdout
+    start(env, d, warm, sys.executable, str(script), "0", secrets=secrets)
+    assert wait_state(env, d, ("succeeded",))["exit_code"] == 0
+    log = (d / "node.log").read_text()
+    assert f"waiting for the one started ahead (pid {ahead})" in log, log
+    assert "warm interpreter: starting" not in log and f"forked from the warm interpreter, pid {ahead}" in log, log
+    assert reports(d)[0]["ppid"] == ahead and reports(d)[0]["secret"] == "s3cr3t"
+    assert sup(env, "warm", *args).stdout.strip() == f"warm interpreter ready (pid {ahead})"
+
+
+def test_a_task_whose_interpreter_started_ahead_died_loading_starts_the_plain_way(setup):
+    tmp_path, script, _, warm, env = setup
+    env = slow_preload(tmp_path, env, 30.0)
+    d = tmp_path / "task"
+    res = sup(env, "warm", "--dir", str(d), "--warm", str(warm), "--", sys.executable, str(script), "0")
+    ahead = int(res.stdout.split("(pid ")[1].split(")")[0])
+    start(env, d, warm, sys.executable, str(script), "0")
+    time.sleep(0.5)
+    os.kill(ahead, signal.SIGKILL)
+    assert wait_state(env, d, ("succeeded",))["exit_code"] == 0
+    log = (d / "node.log").read_text()
+    assert f"the one started ahead (pid {ahead}) ended while loading" in log, log
+    assert "starting the task the plain way" in log and "forked" not in log, log
+
+
+def test_warm_starts_nothing_without_a_warm_directory_or_for_a_command_it_cannot_fork(setup):
+    tmp_path, script, secrets, warm, env = setup
+    d = tmp_path / "task"
+    res = sup(env, "warm", "--dir", str(d), "--", sys.executable, str(script), "0")
+    assert res.returncode == 0 and res.stdout.startswith("no --warm directory"), res.stdout
+    res = sup(env, "warm", "--dir", str(d), "--warm", str(warm), "--", "/bin/sh", "-c", "true")
+    assert res.stdout.strip() == "warm interpreter not started: /bin/sh is not a Python interpreter", res.stdout
+    secrets.write_text("TF_CPP_MIN_LOG_LEVEL=0\n")
+    res = sup(env, "warm", "--dir", str(d), "--warm", str(warm), "--env-file", str(secrets), "--",
+              sys.executable, str(script), "0")
+    assert res.stdout.strip() == f"warm interpreter not started: {secrets} sets TF_CPP_MIN_LOG_LEVEL, read at " \
+        "import", res.stdout
+    assert not warm.exists()
+
+
 def test_a_forked_task_s_exit_6_reaches_the_supervisor_which_does_not_restart_it(setup):
     tmp_path, script, secrets, warm, env = setup
     d = tmp_path / "final"
@@ -408,3 +470,36 @@ def test_an_uncaught_keyboard_interrupt_or_a_negative_exit_ends_a_forked_task_as
         assert "KeyboardInterrupt" in (tmp_path / "task-warm-interrupt" / "node.log").read_text()
     assert codes == {("plain", "interrupt"): -signal.SIGINT, ("warm", "interrupt"): -signal.SIGINT,
                      ("plain", "-1"): 255, ("warm", "-1"): 255}
+
+
+def test_the_role_starts_the_warm_interpreter_ahead_with_the_start_s_own_arguments_first_thing():
+    """tf_node's start tasks run `warm` before the bundle's copy (the imports overlap the tasks after it), with
+    the arguments of the task's `start` (the same environment: the same interpreter's key)."""
+    import jinja2
+    import yaml
+
+    from tests.conftest import REPO
+
+    tasks = yaml.safe_load((REPO / "roles/tf_node/tasks/start.yml").read_text())
+    names = [t["name"] for t in tasks]
+    warm_at = names.index("Start the node's warm interpreter ahead of its task")
+    assert warm_at < names.index("The harness bundle with the user's model (copied once per content id)")
+    assert warm_at < min(i for i, n in enumerate(names) if n.startswith(("Start the task", "Start the chief's task")))
+    assert tasks[warm_at]["ansible.builtin.command"]["argv"] == "{{ _tf_node_supervise_warm }}"
+
+    role_vars = yaml.safe_load((REPO / "roles/tf_node/vars/main.yml").read_text())
+    env = jinja2.Environment()
+    env.filters["bool"] = bool
+    values = {"tf_node_supervisor": "/usr/local/bin/tfc-supervise", "tf_node_state_dir": "/s", "tf_node_env_file": "/e",
+              "_tf_node_has_keys": True, "tf_node_task_user": "u", "tf_node_max_restarts": 3, "tf_node_deadline": 9,
+              "tf_node_preemption_notice": "", "tf_node_metadata_url": "", "tf_node_warm_dir": "/w",
+              "tf_node_warm_start": True, "tf_node_python": "/py", "tf_node_run_dir": "/r"}
+    task = [env.from_string(str(a)).render(values) for a in role_vars["_tf_node_supervise_task"]]
+    values["_tf_node_supervise_task"] = task
+
+    def argv(name):
+        return env.compile_expression(role_vars[name].strip().removeprefix("{{").removesuffix("}}"))(values)
+
+    assert argv("_tf_node_supervise_start") == ["/usr/local/bin/tfc-supervise", "start", "--fresh", *task]
+    assert argv("_tf_node_supervise_warm") == ["/usr/local/bin/tfc-supervise", "warm", *task]
+    assert task[task.index("--warm") + 1] == "/w" and task[-3:] == ["--", "/py", "/r/entry.py"]
