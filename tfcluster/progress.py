@@ -41,11 +41,18 @@ FIRST_DATA_WINDOW_S = 60.0  # but only this long: a worker that never reports a 
 
 class ChiefWatch:
     """One look at the chief per call: prints progress when it changed; returns the final status once
-    its task has ended. Tolerates passing silences and errors, not lasting ones."""
+    its task has ended. Tolerates passing silences and errors, not lasting ones. ``until_change``: each look
+    is a read that waits on the node up to ``poll_s`` for the supervisor's state or the task's phase to change
+    (``tfc-supervise status --until-change``), so the loop's end and the task's are seen at once and the
+    caller need not wait between calls (a plain read, no answer or an error then waits out ``poll_s`` here; a
+    supervisor from before ``--until-change`` is read the plain way from then on). Without it, the caller
+    waits between calls."""
 
     def __init__(self, state: ClusterState, chief: Node, poll_s: float, streamers: list[Node] = (),
-                 on_training: Callable[[], None] | None = None, on_loop_end: Callable[[], None] | None = None):
+                 on_training: Callable[[], None] | None = None, on_loop_end: Callable[[], None] | None = None,
+                 until_change: bool = False):
         self.state, self.chief, self.poll_s = state, chief, poll_s
+        self.paced, self.until_change = until_change, poll_s if until_change else 0.0
         self.on_training, self.on_loop_end = on_training, on_loop_end
         self.last_line, self.misses, self.errors = "", 0, 0
         self.last_report: tuple | None = None      # the chief's status, its supervisor's, the data's: last shown
@@ -57,13 +64,23 @@ class ChiefWatch:
         self.notes_shown = 0
 
     def __call__(self) -> dict | None:
+        started = time.monotonic()
+        self.waited = False
+        final = self._look()
+        if final is None and self.paced and not self.waited:   # a plain read, no answer, an error
+            time.sleep(max(0.0, self.poll_s - (time.monotonic() - started)))
+        return final
+
+    def _look(self) -> dict | None:
         try:
-            got = remote.task_status(self.state, self.chief)
+            got = remote.task_status(self.state, self.chief, until_change=self.until_change)
             self.errors = 0
-        except remote.NodeCommandError:
+        except remote.NodeCommandError as exc:
             self.errors += 1
             if self.errors >= 3:  # not a passing hiccup: the status cannot be read, so waiting is pointless
                 raise
+            if "unrecognized arguments" in str(exc):   # a supervisor from before `status --until-change`
+                self.until_change = 0.0
             return None
         if got is None:
             self.misses += 1
@@ -71,6 +88,7 @@ class ChiefWatch:
                 raise TfclusterError(f"the chief {self.chief.name} has not answered for "
                                      f"{self.misses * self.poll_s:.0f}s")
             return None
+        self.waited = bool(self.until_change)
         self.misses = 0
         sup, task = got.get("supervisor", {}), got.get("task") or {}
         self._show_notes(task.get("notes") or [])
@@ -163,9 +181,10 @@ def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: f
     """Poll the chief's status and print progress until its task ends; return the last status.
     ``streamers``: the tasks streaming files from S3, whose summed read rate the progress line shows;
     ``on_training``: called once, when the chief first reports a training step; ``on_loop_end``: called
-    once, when it reports its last step trained (or evaluating, publishing)."""
-    final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers, on_training, on_loop_end), timeout_s,
-                            poll_s)
+    once, when it reports its last step trained (or evaluating, publishing). Each look waits on the chief's
+    node for news up to ``poll_s`` (:class:`ChiefWatch`), which paces the calls itself."""
+    final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers, on_training, on_loop_end,
+                                       until_change=True), timeout_s, 0.0)
     if final is None:
         raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
     return final

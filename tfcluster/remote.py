@@ -105,10 +105,12 @@ def run(state: ClusterState, node: Node, command: str, timeout: float = 30,
     return None if res.returncode == 255 else res
 
 
-def task_status(state: ClusterState, node: Node, timeout: float = 15) -> dict | None:
+def task_status(state: ClusterState, node: Node, timeout: float = 15, until_change: float = 0.0) -> dict | None:
     """The node's supervisor and task status; None when the node does not answer. A node that answers
-    with an error raises NodeCommandError naming it: an empty answer is never taken for a status."""
-    command = f"{SUPERVISE} status --dir {TASK_DIR}"
+    with an error raises NodeCommandError naming it: an empty answer is never taken for a status.
+    ``until_change``: the node first waits up to that long for its supervisor's state or its task's phase to
+    change (``tfc-supervise status --until-change``)."""
+    command = f"{SUPERVISE} status --dir {TASK_DIR}" + (f" --until-change {until_change:g}" if until_change else "")
     res = run(state, node, command, timeout)
     if res is None:
         return None

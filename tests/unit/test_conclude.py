@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tfcluster import cluster, progress, runrecord, status, training
+from tfcluster import cluster, progress, remote, runrecord, status, training
 from tfcluster.errors import TfclusterError
 from tfcluster.paths import ClusterState
 from tfcluster.providers.base import Node, write_nodes
@@ -174,6 +174,28 @@ def test_the_chief_watch_calls_on_training_once_at_the_first_training_step(state
     assert len(calls) == 1 and "step 3/10" in calls[0], calls     # once, at the first step trained
 
 
+def test_the_chief_watch_waits_on_the_node_for_news_and_reads_an_older_supervisor_the_plain_way(state, monkeypatch):
+    """With ``until_change`` each look is `status --until-change poll_s` and the next follows at once (the
+    node did the waiting); a supervisor that does not know the option is read the plain way from then on, a
+    look every poll_s; no answer also waits out poll_s."""
+    asked, replies = [], iter(["news", "news", "old", "plain", "none", DONE])
+
+    def report(_state, _node, timeout=None, until_change=0.0):
+        asked.append((until_change, time.monotonic()))
+        reply = next(replies)
+        if reply == "old":
+            raise remote.NodeCommandError("c-chief-0: '... status --until-change 0.3' failed (exit 2): "
+                                          "tfc-supervise: error: unrecognized arguments: --until-change 0.3")
+        return None if reply == "none" else DONE if reply is DONE else _report("training", 3)
+
+    monkeypatch.setattr(progress.remote, "task_status", report)
+    watch = progress.ChiefWatch(state, NODES[0], 0.3, until_change=True)
+    assert [watch() for _ in range(6)][-1] == DONE
+    assert [a for a, _ in asked] == [0.3, 0.3, 0.3, 0.0, 0.0, 0.0]
+    gaps = [b - a for (_, a), (_, b) in zip(asked, asked[1:], strict=False)]
+    assert max(gaps[:2]) < 0.2 and min(gaps[2:]) >= 0.29, gaps   # at once after news; paced once plain or silent
+
+
 def test_the_chief_watch_prints_each_of_the_chiefs_notes_once(state, monkeypatch, capsys):
     note = "make_optimizer's keras.optimizers.Adam runs as tfc_harness.optimizers.LockedAdam ..."
     reports = iter([{"supervisor": {"state": "running"}, "task": {"phase": "starting", "step": 0}},
@@ -294,7 +316,7 @@ def test_the_chief_watch_looks_up_the_workers_read_rate_often_until_one_reports_
     worker = NODES[1]
     asked, rates = [], iter([None, None, 42.5, 50.0])
 
-    def report(_state, node, timeout=None):
+    def report(_state, node, timeout=None, until_change=0.0):
         if node is worker:
             asked.append(clock[0])
             rate = next(rates)
@@ -321,7 +343,7 @@ def test_the_chief_watch_says_when_the_workers_read_their_kept_files(state, monk
     workers = [NODES[1], Node("c-worker-1", "worker", 1, "10.0.0.12", "10.0.0.12", "debian", 22, 0)]
     data = {workers[0].name: {"mb_per_s": 9.0, "all_kept": True, "reused": 2}, workers[1].name: second}
 
-    def report(_state, node, timeout=None):
+    def report(_state, node, timeout=None, until_change=0.0):
         if node not in workers:
             return _report("training", 3)
         return {"task": {"data": data[node.name]}} if data[node.name] else {}
@@ -337,7 +359,7 @@ def test_the_chief_watch_asks_a_silent_worker_for_its_rate_often_only_at_first(s
     monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
     worker, asked = NODES[1], []
 
-    def report(_state, node, timeout=None):
+    def report(_state, node, timeout=None, until_change=0.0):
         if node is worker:
             asked.append(clock[0])
             return {"task": {}}                  # never a rate

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -307,6 +308,41 @@ def test_stop_signals_only_the_directory_s_supervisor_and_task_whatever_the_stat
         for v in victims:
             v.kill()
             v.wait()
+
+
+def test_status_until_change_answers_as_the_task_s_phase_or_state_changes_else_after_its_time(tmp_path):
+    """`status --until-change S` is the controller's look at the chief: it answers at once when the task's
+    phase or the supervisor's state changes (the loop's end, the task's), else after S seconds, and at once
+    for a supervisor that has ended."""
+    d = tmp_path / "task"
+    marker = tmp_path / "go"
+    script = (f"import json, os, time\n"
+              f"def say(phase):\n"
+              f"    open('{d}/s.tmp', 'w').write(json.dumps({{'phase': phase}}))\n"
+              f"    os.replace('{d}/s.tmp', '{d}/status.json')\n"         # as the harness writes it: whole
+              f"say('training')\nwhile not os.path.exists('{marker}'): time.sleep(0.02)\n"
+              f"say('publishing')\ntime.sleep(60)\n")
+    _sup("start", "--dir", str(d), "--", sys.executable, "-c", script)
+    try:
+        _wait_state(d, ("running",))
+        end = time.monotonic() + 20
+        while json.loads(_sup("status", "--dir", str(d)).stdout)["task"].get("phase") != "training":
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        res = _sup("status", "--dir", str(d), "--until-change", "1.5")        # no change: its whole time
+        assert json.loads(res.stdout)["task"]["phase"] == "training" and time.monotonic() - t0 >= 1.5
+        threading.Timer(1.0, marker.touch).start()
+        t0 = time.monotonic()
+        res = _sup("status", "--dir", str(d), "--until-change", "8")          # the phase changes after ~1 s
+        took = time.monotonic() - t0
+        assert json.loads(res.stdout)["task"]["phase"] == "publishing" and 0.9 < took < 6, (took, res.stdout)
+        assert _sup("stop", "--dir", str(d)).stdout.startswith("stopped")
+        t0 = time.monotonic()
+        res = _sup("status", "--dir", str(d), "--until-change", "8")          # ended: at once
+        assert json.loads(res.stdout)["supervisor"]["state"] == "stopped" and time.monotonic() - t0 < 4
+    finally:
+        _sup("stop", "--dir", str(d), "--grace", "1")
 
 
 def test_status_reads_no_fifo_or_link_the_task_put_in_place_of_its_files(tmp_path):
