@@ -64,7 +64,7 @@ class ChiefWatch:
         self.notes_shown = 0
 
     def __call__(self) -> dict | None:
-        started = time.monotonic()
+        started = time.monotonic() if self.paced else 0.0
         self.waited = False
         final = self._look()
         if final is None and self.paced and not self.waited:   # a plain read, no answer, an error
