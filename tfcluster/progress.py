@@ -33,6 +33,8 @@ def progress_line(task: dict, sup: dict, eta_s: float | None, data: str | None =
     return "  " + ", ".join(parts)
 
 
+#: the least time between two looks at the chief that wait on its node for news
+MIN_LOOK_S = 0.2
 TERMINAL_TASK_STATES = ("succeeded", "failed", "stopped", "deadline", "lost", "preempted")
 DATA_POLL_S = 15.0        # the workers' read rate, once it is known
 FIRST_DATA_POLL_S = 2.0   # until then: a stream that ends within 15 s of its start must still show one
@@ -67,8 +69,10 @@ class ChiefWatch:
         started = time.monotonic() if self.paced else 0.0
         self.waited = False
         final = self._look()
-        if final is None and self.paced and not self.waited:   # a plain read, no answer, an error
-            time.sleep(max(0.0, self.poll_s - (time.monotonic() - started)))
+        if final is None and self.paced:   # a plain read, no answer, an error: a look every poll_s; after
+            # news at least MIN_LOOK_S apart (a phase the task flips back and forth must not make a busy loop)
+            least = MIN_LOOK_S if self.waited else self.poll_s
+            time.sleep(max(0.0, least - (time.monotonic() - started)))
         return final
 
     def _look(self) -> dict | None:
@@ -79,8 +83,8 @@ class ChiefWatch:
             self.errors += 1
             if self.errors >= 3:  # not a passing hiccup: the status cannot be read, so waiting is pointless
                 raise
-            if "unrecognized arguments" in str(exc):   # a supervisor from before `status --until-change`
-                self.until_change = 0.0
+            if "unrecognized arguments" in str(exc) and self.until_change:   # a supervisor from before it
+                self.until_change, self.errors = 0.0, 0
             return None
         if got is None:
             self.misses += 1

@@ -176,8 +176,8 @@ def test_the_chief_watch_calls_on_training_once_at_the_first_training_step(state
 
 def test_the_chief_watch_waits_on_the_node_for_news_and_reads_an_older_supervisor_the_plain_way(state, monkeypatch):
     """With ``until_change`` each look is `status --until-change poll_s` and the next follows at once (the
-    node did the waiting); a supervisor that does not know the option is read the plain way from then on, a
-    look every poll_s; no answer also waits out poll_s."""
+    node did the waiting), yet at least MIN_LOOK_S apart; a supervisor that does not know the option is read
+    the plain way from then on, a look every poll_s; no answer also waits out poll_s."""
     asked, replies = [], iter(["news", "news", "old", "plain", "none", DONE])
 
     def report(_state, _node, timeout=None, until_change=0.0):
@@ -189,11 +189,12 @@ def test_the_chief_watch_waits_on_the_node_for_news_and_reads_an_older_superviso
         return None if reply == "none" else DONE if reply is DONE else _report("training", 3)
 
     monkeypatch.setattr(progress.remote, "task_status", report)
-    watch = progress.ChiefWatch(state, NODES[0], 0.3, until_change=True)
+    watch = progress.ChiefWatch(state, NODES[0], 1.0, until_change=True)
     assert [watch() for _ in range(6)][-1] == DONE
-    assert [a for a, _ in asked] == [0.3, 0.3, 0.3, 0.0, 0.0, 0.0]
+    assert [a for a, _ in asked] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     gaps = [b - a for (_, a), (_, b) in zip(asked, asked[1:], strict=False)]
-    assert max(gaps[:2]) < 0.2 and min(gaps[2:]) >= 0.29, gaps   # at once after news; paced once plain or silent
+    # after news the next look follows at once but for MIN_LOOK_S; plain or silent: a look a poll_s
+    assert all(progress.MIN_LOOK_S - 0.01 <= g < 0.6 for g in gaps[:2]) and min(gaps[2:]) >= 0.99, gaps
 
 
 def test_the_chief_watch_prints_each_of_the_chiefs_notes_once(state, monkeypatch, capsys):

@@ -313,7 +313,7 @@ def test_stop_signals_only_the_directory_s_supervisor_and_task_whatever_the_stat
 def test_status_until_change_answers_as_the_task_s_phase_or_state_changes_else_after_its_time(tmp_path):
     """`status --until-change S` is the controller's look at the chief: it answers at once when the task's
     phase or the supervisor's state changes (the loop's end, the task's), else after S seconds, and at once
-    for a supervisor that has ended."""
+    for a supervisor that has ended or is gone."""
     d = tmp_path / "task"
     marker = tmp_path / "go"
     script = (f"import json, os, time\n"
@@ -332,17 +332,23 @@ def test_status_until_change_answers_as_the_task_s_phase_or_state_changes_else_a
         t0 = time.monotonic()
         res = _sup("status", "--dir", str(d), "--until-change", "1.5")        # no change: its whole time
         assert json.loads(res.stdout)["task"]["phase"] == "training" and time.monotonic() - t0 >= 1.5
-        threading.Timer(1.0, marker.touch).start()
+        threading.Timer(3.0, marker.touch).start()
         t0 = time.monotonic()
-        res = _sup("status", "--dir", str(d), "--until-change", "8")          # the phase changes after ~1 s
+        res = _sup("status", "--dir", str(d), "--until-change", "9")          # the phase changes after ~3 s
         took = time.monotonic() - t0
-        assert json.loads(res.stdout)["task"]["phase"] == "publishing" and 0.9 < took < 6, (took, res.stdout)
-        assert _sup("stop", "--dir", str(d)).stdout.startswith("stopped")
+        assert json.loads(res.stdout)["task"]["phase"] == "publishing" and 2.9 < took < 8, (took, res.stdout)
+        os.kill(_state(d)["pid"], signal.SIGKILL)           # its state file still says running
         t0 = time.monotonic()
-        res = _sup("status", "--dir", str(d), "--until-change", "8")          # ended: at once
-        assert json.loads(res.stdout)["supervisor"]["state"] == "stopped" and time.monotonic() - t0 < 4
+        res = _sup("status", "--dir", str(d), "--until-change", "9")          # lost: at once
+        assert json.loads(res.stdout)["supervisor"]["state"] == "lost" and time.monotonic() - t0 < 5, res.stdout
+        ended = tmp_path / "ended"
+        _sup("start", "--dir", str(ended), "--", "/bin/echo", "hello")
+        _wait_state(ended, ("succeeded",))
+        t0 = time.monotonic()
+        res = _sup("status", "--dir", str(ended), "--until-change", "9")      # ended: at once
+        assert json.loads(res.stdout)["supervisor"]["state"] == "succeeded" and time.monotonic() - t0 < 5
     finally:
-        _sup("stop", "--dir", str(d), "--grace", "1")
+        _sup("stop", "--dir", str(d), "--grace", "1")       # also the task of the killed supervisor
 
 
 def test_status_reads_no_fifo_or_link_the_task_put_in_place_of_its_files(tmp_path):
