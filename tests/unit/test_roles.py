@@ -347,6 +347,9 @@ def test_status_until_change_answers_as_the_task_s_phase_or_state_changes_else_a
         t0 = time.monotonic()
         res = _sup("status", "--dir", str(ended), "--until-change", "9")      # ended: at once
         assert json.loads(res.stdout)["supervisor"]["state"] == "succeeded" and time.monotonic() - t0 < 5
+        t0 = time.monotonic()           # nothing started there yet: no news, the whole time
+        res = _sup("status", "--dir", str(tmp_path / "never"), "--until-change", "1.5")
+        assert json.loads(res.stdout)["supervisor"] == {} and time.monotonic() - t0 >= 1.5, res.stdout
     finally:
         _sup("stop", "--dir", str(d), "--grace", "1")       # also the task of the killed supervisor
 
