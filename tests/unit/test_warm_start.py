@@ -122,6 +122,11 @@ def test_a_task_is_forked_by_the_warm_interpreter_which_serves_restarts_and_the_
     assert "warm interpreter: starting" not in log and f"forked from the warm interpreter, pid {server}" in log, log
 
 
+def said_pid(stdout: str) -> int:
+    """The pid in `warm`'s "warm interpreter starting (pid N): ..." line."""
+    return int(stdout.split("(pid ")[1].split(")")[0])
+
+
 def slow_preload(tmp_path: Path, env: dict, seconds: float) -> dict:
     """``env`` with a preload that takes ``seconds`` (a module that sleeps as it is imported)."""
     (tmp_path / "slowload.py").write_text(f"import time\ntime.sleep({seconds})\n")
@@ -138,7 +143,7 @@ def test_warm_starts_the_interpreter_ahead_and_the_task_s_start_waits_for_its_im
     res = sup(env, "warm", *args)
     took = time.monotonic() - t0
     assert res.returncode == 0 and res.stdout.startswith("warm interpreter starting (pid "), res.stdout + res.stderr
-    ahead = int(res.stdout.split("(pid ")[1].split(")")[0])
+    ahead = said_pid(res.stdout)
     record = json.loads((warm / "warm.json").read_text())
     assert record["pid"] == ahead and record["ready"] is False, record     # returned while it loads
     assert took < 6.0, took
@@ -159,7 +164,7 @@ def test_a_task_whose_interpreter_started_ahead_died_loading_starts_the_plain_wa
     env = slow_preload(tmp_path, env, 30.0)
     d = tmp_path / "task"
     res = sup(env, "warm", "--dir", str(d), "--warm", str(warm), "--", sys.executable, str(script), "0")
-    ahead = int(res.stdout.split("(pid ")[1].split(")")[0])
+    ahead = said_pid(res.stdout)
     start(env, d, warm, sys.executable, str(script), "0")
     end = time.monotonic() + 20
     while "waiting for the one started ahead" not in (d / "node.log").read_text() and time.monotonic() < end:
@@ -178,7 +183,7 @@ def test_warm_clears_whatever_the_task_user_put_in_place_of_the_record(setup):
     (warm / "warm.json" / "inside").write_text("x")
     res = sup(env, "warm", "--dir", str(d), "--warm", str(warm), "--", sys.executable, str(script), "0")
     assert res.returncode == 0 and res.stdout.startswith("warm interpreter starting (pid "), res.stdout + res.stderr
-    ahead = int(res.stdout.split("(pid ")[1].split(")")[0])
+    ahead = said_pid(res.stdout)
     start(env, d, warm, sys.executable, str(script), "0")
     assert wait_state(env, d, ("succeeded",))["exit_code"] == 0
     assert f"forked from the warm interpreter, pid {ahead}" in (d / "node.log").read_text()
