@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .poll import ended, owned_pid, port_open, wait_until
+from .poll import owned_pid, port_open, terminate, wait_until
 
 PORT = 3142
 ALLOWED_HOSTS = ("deb.debian.org",)
@@ -258,11 +258,10 @@ def start(p: dict) -> None:
 
 
 def stop(p: dict) -> None:
-    pid = running_pid(Path(p["state_dir"]))
-    if pid:
-        os.kill(pid, signal.SIGTERM)
-        if not wait_until(lambda: ended(pid), 5, 0.05):
-            os.kill(pid, signal.SIGKILL)
+    state_dir = Path(p["state_dir"])
+    pid = running_pid(state_dir)
+    # SIGKILL after 5 s; through a pidfd: never a process that took the pid of a proxy which exited meanwhile
+    if pid and terminate(pid, 5, lambda: running_pid(state_dir) == pid):
         print(f"apt proxy: stopped (pid {pid})")
     _pid_file(p).unlink(missing_ok=True)
 

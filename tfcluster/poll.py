@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -45,12 +48,23 @@ def owned_pid(pid_file: Path, marker: bytes) -> int | None:
     return pid if marker in cmdline else None
 
 
-def ended(pid: int) -> bool:
-    """Whether process ``pid`` has ended: none has that pid, or it is a zombie (ended, its exit status not yet
-    collected). A daemon's zombie is init's to collect, which may take a while (here about a second), so
-    waiting for its /proc entry to go waits for init, not for the daemon."""
+def terminate(pid: int, grace: float, still_it: Callable[[], bool] = lambda: True) -> bool:
+    """SIGTERM process ``pid``, SIGKILL once ``grace`` seconds pass without its exit: both through a pidfd
+    opened first, so a process that ends meanwhile is never confused with another given its pid. ``still_it``,
+    asked once the pidfd holds the process, says the pid still names the process meant (a pid file's check).
+    Whether it was signalled."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if not still_it():
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGTERM)
+        if not select.select([fd], [], [], grace)[0]:       # a pidfd reads ready once its process has exited
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
         return True
-    return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")     # the state after "pid (comm) "
+    except ProcessLookupError:                              # it exited between the open and a signal
+        return True
+    finally:
+        os.close(fd)

@@ -34,16 +34,43 @@ def test_owned_pid_only_for_a_live_process_with_the_marker(tmp_path):
     assert poll.owned_pid(tmp_path / "missing.pid", b"python") is None
 
 
-def test_a_process_has_ended_once_it_exits_even_before_its_status_is_collected():
+def _process(ignore_term: bool):
     import subprocess
+    import sys
 
-    proc = subprocess.Popen(["sleep", "30"])
+    code = ("import signal, sys, time\n"
+            f"{'signal.signal(signal.SIGTERM, signal.SIG_IGN)' if ignore_term else 'pass'}\n"
+            "print('ready', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"          # its handler is in place
+    return proc
+
+
+def test_terminate_ends_a_process_by_term_or_after_the_grace_by_kill():
+    import signal
+    import time
+
+    for ignore_term, sig in ((False, signal.SIGTERM), (True, signal.SIGKILL)):
+        proc = _process(ignore_term)
+        try:
+            started = time.monotonic()
+            assert poll.terminate(proc.pid, 0.5)
+            assert proc.wait(5) == -sig
+            # the grace is waited only for a process that outlives its SIGTERM (one that exits on it is a
+            # zombie until wait() below: its exit itself ends the wait, not its collection)
+            assert (time.monotonic() - started >= 0.5) == ignore_term
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def test_terminate_signals_nothing_the_check_disowns_nor_a_pid_that_is_gone():
+    proc = _process(False)
     try:
-        assert not poll.ended(proc.pid)
-        proc.kill()
-        assert poll.wait_until(lambda: poll.ended(proc.pid), 10, 0.01)
-        assert os.path.exists(f"/proc/{proc.pid}")        # a zombie: its exit status not yet collected
+        assert not poll.terminate(proc.pid, 0.1, still_it=lambda: False)
+        assert proc.poll() is None                          # not signalled
     finally:
         proc.kill()
         proc.wait()
-    assert poll.ended(proc.pid)
+    assert not poll.terminate(proc.pid, 0.1)                # collected: no such process (the pid is not reused
+                                                            # this quickly: pids go round the whole range first)
