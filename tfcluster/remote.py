@@ -1,8 +1,8 @@
 """Commands on a cluster's nodes outside Ansible: the task's status and log, over the same SSH set-up.
 
 Ansible and these commands share one set of SSH options: the general ones live in ``ansible.cfg``
-(``[ssh_connection] ssh_args``), the cluster's own (its key, its known_hosts) in :func:`cluster_options`,
-which the inventory carries to Ansible as ``ansible_ssh_common_args``.
+(``[ssh_connection] ssh_args``), the cluster's own (its known_hosts, its control sockets) in
+:func:`cluster_options`, which the inventory carries to Ansible as ``ansible_ssh_common_args``.
 """
 
 from __future__ import annotations
@@ -49,15 +49,19 @@ def keepalive() -> tuple[int, int]:
 
 
 def cluster_options(state: ClusterState) -> list[str]:
-    """The cluster's own SSH options: its known_hosts (new hosts accepted once, then checked), no agent keys."""
+    """The cluster's own SSH options: its known_hosts (new hosts accepted once, then checked), no agent keys,
+    and its control sockets, one per node (ssh's %C), which these commands, Ansible's own ssh and mitogen's
+    share: a master one of them left serves the others (mitogen's start of a play then skips each node's SSH
+    handshake)."""
     return ["-o", f"UserKnownHostsFile={state.known_hosts}", "-o", "StrictHostKeyChecking=accept-new",
-            "-o", "IdentitiesOnly=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}"]
+            "-o", "IdentitiesOnly=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}",
+            "-o", f"ControlPath={state.control_dir}/%C"]
 
 
 def ssh_command(state: ClusterState, node: Node, command: str) -> list[str]:
-    """``ssh`` running ``command`` on a node, with Ansible's options and control socket directory."""
-    return ["ssh", "-i", str(state.ssh_key), *general_options(), *cluster_options(state),
-            "-o", "BatchMode=yes", "-o", f"ControlPath={state.ensure_control_dir()}/%C",
+    """``ssh`` running ``command`` on a node, with Ansible's options and the cluster's control sockets."""
+    state.ensure_control_dir()
+    return ["ssh", "-i", str(state.ssh_key), *general_options(), *cluster_options(state), "-o", "BatchMode=yes",
             "-p", str(node.ssh_port), f"{node.ssh_user}@{node.public_ip}", command]
 
 

@@ -209,3 +209,24 @@ def test_ansibles_ssh_and_tfclusters_node_commands_share_one_control_socket_per_
     theirs = re.findall(r'ControlPath="?([^"\s]+)"?', res.stdout)
     assert theirs, res.stdout[-2000:]
     assert {f"ControlPath={path}" for path in theirs} == {ours}
+
+
+def test_mitogens_ssh_uses_the_same_control_socket_as_tfclusters_node_commands(state):
+    """A play through mitogen (train.yml's start) reaches each node through the master up's first contact or a
+    status poll left, instead of an SSH handshake of its own: the inventory's ssh_common_args name the cluster's
+    control sockets. Seen in the ssh command line mitogen logs, against a closed port of this machine's
+    loopback."""
+    from tfcluster import inventory, remote
+    from tfcluster.providers.base import Node
+
+    node = Node("c-worker-0", "worker", 0, "127.0.0.1", "127.0.0.1", "debian", 1, 0)
+    inventory.write(state, [node], 2222, "parameter_server")
+    ours = next(o for o in remote.ssh_command(state, node, "true") if o.startswith("ControlPath="))
+    env = dict(ansible_run.environment(state, mitogen=True), MITOGEN_LOG_LEVEL="DEBUG")
+    assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
+    res = subprocess.run([str(ansible_run.BIN / "ansible"), "all", "-i", str(state.inventory), "-m",
+                          "ansible.builtin.ping", "-e", "ansible_port=1", "-vvv"],
+                         capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
+    lines = [line for line in (res.stdout + res.stderr).splitlines() if "command line for" in line]
+    assert lines and all(" ssh " in line for line in lines), (res.stdout + res.stderr)[-2000:]
+    assert {f"ControlPath={path}" for line in lines for path in re.findall(r"ControlPath=(\S+)", line)} == {ours}
