@@ -1,5 +1,5 @@
-"""A node's log and state as ``playbooks/finish.yml`` fetches them: one gzipped tar per node, which the
-node's supervisor made (``tfc-supervise collect``), unpacked here beside it.
+"""A node's log and state as a run's end fetches them (over SSH, or ``playbooks/finish.yml``): one gzipped tar
+per node, which the node's supervisor made (``tfc-supervise collect``), unpacked here beside it.
 
 A node's archive is read as data: only regular members with the names the supervisor writes are taken, each
 written to its own name in the node's directory of the run's logs, never to a path the archive names.

@@ -4,7 +4,6 @@ rate, the time left, the workers' data stream, its notes), until its task ends."
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from . import poll, remote
 from .errors import TfclusterError
@@ -51,11 +50,9 @@ class ChiefWatch:
     waits between calls."""
 
     def __init__(self, state: ClusterState, chief: Node, poll_s: float, streamers: list[Node] = (),
-                 on_training: Callable[[], None] | None = None, on_loop_end: Callable[[], None] | None = None,
                  until_change: bool = False):
         self.state, self.chief, self.poll_s = state, chief, poll_s
         self.paced, self.until_change = until_change, poll_s if until_change else 0.0
-        self.on_training, self.on_loop_end = on_training, on_loop_end
         self.last_line, self.misses, self.errors = "", 0, 0
         self.last_report: tuple | None = None      # the chief's status, its supervisor's, the data's: last shown
         self.first_step: int | None = None         # the step the first training report gave
@@ -102,14 +99,6 @@ class ChiefWatch:
         if report != self.last_report:      # else a poll between two of the chief's reports: only its ETA is new
             self._show(line)
         self.last_report = report
-        phase, step = task.get("phase"), task.get("step", 0)
-        if self.on_training and phase == "training" and step > 0:
-            self.on_training, call = None, self.on_training
-            call()
-        if self.on_loop_end and (phase in ("evaluating", "publishing")
-                                 or phase == "training" and step >= task.get("total", 0) > 0):
-            self.on_loop_end, call = None, self.on_loop_end
-            call()
         return got if sup.get("state") in TERMINAL_TASK_STATES else None
 
     def _data_text(self) -> str | None:
@@ -180,15 +169,12 @@ class ChiefWatch:
 
 
 def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 1.0,
-                   streamers: list[Node] = (), on_training: Callable[[], None] | None = None,
-                   on_loop_end: Callable[[], None] | None = None) -> dict:
+                   streamers: list[Node] = ()) -> dict:
     """Poll the chief's status and print progress until its task ends; return the last status.
-    ``streamers``: the tasks streaming files from S3, whose summed read rate the progress line shows;
-    ``on_training``: called once, when the chief first reports a training step; ``on_loop_end``: called
-    once, when it reports its last step trained (or evaluating, publishing). Each look waits on the chief's
-    node for news up to ``poll_s`` (:class:`ChiefWatch`), which paces the calls itself."""
-    final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers, on_training, on_loop_end,
-                                       until_change=True), timeout_s, 0.0)
+    ``streamers``: the tasks streaming files from S3, whose summed read rate the progress line shows. Each
+    look waits on the chief's node for news up to ``poll_s`` (:class:`ChiefWatch`), which paces the calls
+    itself."""
+    final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers, until_change=True), timeout_s, 0.0)
     if final is None:
         raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
     return final

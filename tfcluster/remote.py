@@ -20,9 +20,16 @@ from .errors import TfclusterError
 from .paths import ANSIBLE_CFG, ClusterState
 from .providers.base import Node
 
-#: where a node's task keeps its log and state (root's, 0750; see roles/tf_node)
+#: roles/tf_node's defaults these commands share with its tasks (tests/unit/test_remote_finish.py holds them
+#: equal): where a node's task keeps its log and state (root's, 0750), the supervisor, the task's credentials
+#: file, and the directory (made afresh, root's) of the archive a run's end leaves for the controller
 TASK_DIR = "/var/lib/tfcluster/task"
 SUPERVISE = "/usr/local/bin/tfc-supervise"
+ENV_FILE = "/etc/tfcluster/task.env"
+COLLECT_DIR = "/var/lib/tfcluster/collect"
+#: the longest a node's part of a run's end may take: the supervisor's stop waits up to its grace (15 s) for
+#: the task before it kills it, then the archive (at most the log's last 64 MiB)
+FINISH_TIMEOUT = 60
 CONNECT_TIMEOUT = 10
 #: the most nodes :func:`on_each` talks to at once (ansible.cfg's forks)
 AT_ONCE = 32
@@ -129,6 +136,26 @@ def task_status(state: ClusterState, node: Node, timeout: float = 15, until_chan
         raise NodeCommandError(f"{node.name}: '{as_root(node, command)}' printed no status: "
                                f"{res.stdout.strip()[-300:]!r}")
     return got
+
+
+def finish_command(stop: bool) -> str:
+    """The supervisor's command for a node's part of a run's end, as roles/tf_node/tasks/finish.yml runs it
+    (``_tf_node_supervise_finish``): stop the task (``stop``), remove its credentials file, archive its log and
+    state into :data:`COLLECT_DIR`."""
+    return (f"{SUPERVISE} finish --dir {TASK_DIR} --env-file {ENV_FILE}" + (" --stop" if stop else "")
+            + f" --to {COLLECT_DIR}")
+
+
+def read_archive(state: ClusterState, node: Node, timeout: float = 60) -> bytes | None:
+    """The archive of the node's log and state that :func:`finish_command` left (root's); None when the node
+    does not answer or the read fails."""
+    command = as_root(node, f"cat {COLLECT_DIR}/collected.tar.gz")
+    try:
+        res = subprocess.run(ssh_command(state, node, command), capture_output=True, timeout=timeout,
+                             stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None
+    return res.stdout if res.returncode == 0 else None
 
 
 def task_log(state: ClusterState, node: Node, lines: int) -> str | None:

@@ -85,7 +85,8 @@ def close_run_after_down(cluster: str) -> None:
 def fetch_logs_before_down(cluster: str) -> None:
     """Best effort: a cluster with a run gets its node logs fetched, and the tasks' credentials file removed
     (a run interrupted before its finish may have left it), before it is destroyed: the run's finish
-    (playbooks/finish.yml), whose stop of ps and workers ends their logs before the nodes go. Without a run
+    (:func:`tfcluster.training.stop_serving_and_fetch_logs`), whose stop of ps and workers ends their logs
+    before the nodes go. Without a run
     of this cluster no task was started, so no node has the file."""
     state = ClusterState(cluster)
     run, spec = runrecord.read(state), (load_spec(state) if state.spec.exists() else None)

@@ -12,13 +12,12 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from tfc_harness import strategies
 
-from . import access, ansible_run, collected, configured, job, progress, runrecord, store, wheelhouse
+from . import access, ansible_run, collected, configured, job, progress, remote, runrecord, store, wheelhouse
 from .cluster import check_fits_the_cluster_up, ctrl_c_ignored, phase, say, used_alone
 from .config import ROLES, RunSpec
 from .errors import TfclusterError
@@ -126,24 +125,56 @@ def run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
 
 def stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, console: bool = True,
                                 stop_chief: bool = False) -> bool:
-    """Run playbooks/finish.yml: stop ps and workers (``stop_chief``: every task, as after a Ctrl-C or a
-    failure), fetch every node's log and state to .tfcluster/<cluster>/logs/<run-id>/ and remove the tasks'
-    credentials file; best effort: a failure is reported, not raised. True when every node's log was fetched."""
+    """Stop ps and workers (``stop_chief``: every task, as after a Ctrl-C or a failure), fetch every node's log
+    and state to .tfcluster/<cluster>/logs/<run-id>/ and remove the tasks' credentials file; best effort: a
+    failure is reported, not raised. True when every node's log was fetched.
+
+    A run's usual end goes over the cluster's SSH masters (:func:`_finish_over_ssh`); after a Ctrl-C or a
+    failure (``stop_chief``), or where that fails on a node, playbooks/finish.yml does it, with its chief-first
+    stop and its rescue (the credentials removed, the task stopped where the supervisor's finish fails)."""
     dest = state.logs / run_id
     dest.mkdir(parents=True, exist_ok=True)
-    extra = _extra_vars(state, "finish-vars.json", {"tf_node_logs_dest": str(dest),
-                                                    "tfcluster_stop_chief": stop_chief})
-    try:
-        ansible_run.playbook(state, "finish.yml", extra, forks=forks, log_file=state.logs / "train.log",
-                             console=console, mitogen=False)
-        fetched = True
-    except TfclusterError as exc:
-        say(f"warning: could not fetch every node's log: {exc}")
-        fetched = False
+    fetched = not stop_chief and _finish_over_ssh(state, read_nodes(state.nodes), dest)
+    if not fetched:
+        extra = _extra_vars(state, "finish-vars.json", {"tf_node_logs_dest": str(dest),
+                                                        "tfcluster_stop_chief": stop_chief})
+        try:
+            ansible_run.playbook(state, "finish.yml", extra, forks=forks, log_file=state.logs / "train.log",
+                                 console=console, mitogen=False)
+            fetched = True
+        except TfclusterError as exc:
+            say(f"warning: could not fetch every node's log: {exc}")
     problems = collected.unpack(dest)    # each node's one archive, also those fetched before a failure
     for problem in problems:
         say(f"warning: {problem}")
     return fetched and not problems
+
+
+def _finish_over_ssh(state: ClusterState, nodes: list[Node], dest: Path) -> bool:
+    """A run's usual end without Ansible's start (~0.3 s on 4 local nodes against ~3.5 s for
+    playbooks/finish.yml): on every node at once, the supervisor's finish (the one command of
+    roles/tf_node/tasks/finish.yml: stop the task but the chief's, remove its credentials file, archive its log
+    and state), then that archive read into ``dest/<node>/``. Whether every node did both; train.log says what
+    each printed (and where it failed, the playbook then runs on every node: finishing twice changes nothing)."""
+    def one(node: Node) -> tuple[bool, str]:
+        res = remote.run(state, node, remote.finish_command(stop=node.role != "chief"), remote.FINISH_TIMEOUT)
+        if res is None or res.returncode != 0:
+            said = "no answer" if res is None else f"exit {res.returncode}: {(res.stderr or res.stdout).strip()}"
+            return False, f"finish failed ({said[-500:]})"
+        archive = remote.read_archive(state, node)
+        if archive is None:
+            return False, f"{res.stdout.strip()}; reading its archive failed"
+        (dest / node.name).mkdir(exist_ok=True)
+        (dest / node.name / collected.ARCHIVE).write_bytes(archive)
+        return True, res.stdout.strip()
+
+    done = remote.on_each(nodes, one)
+    state.logs.mkdir(parents=True, exist_ok=True)
+    with open(state.logs / "train.log", "a") as log:
+        for name, (ok, said) in done.items():
+            log.write(f"finish over ssh: {name}: {'ok' if ok else 'FAILED'}\n"
+                      + "".join(f"    {line}\n" for line in said.splitlines()))
+    return all(ok for ok, _ in done.values())
 
 
 def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
@@ -190,24 +221,23 @@ def _train(spec: RunSpec, state: ClusterState, nodes: list[Node], configure_firs
     kept = keep_earlier_attempt_logs(state, run["run_id"]) if run["resumed"] else None
     if kept:    # its tasks start again: each node begins a new log, fetched to the same folder at the end
         say(f"the node logs of run {run['run_id']}'s earlier attempt: {kept}")
-    shared = get_provider(spec.provider, state).shares_controller_cores
-    with _AheadEvaluator(_local_copy(spec, run)) as ahead:
-        final = _run_tasks(spec, state, nodes, run, settings, on_training=None if shared else ahead.start,
-                           on_loop_end=ahead.start if shared else None)
+    with _AheadEvaluator(_local_copy(spec, run)) as ahead:    # its TensorFlow import beside the tasks' start
+        final = _run_tasks(spec, state, nodes, run, settings)
         return _conclude(spec, state, nodes, run, final, ahead.warm)
 
 
 class _AheadEvaluator:
-    """The verifier's evaluator (``tfc_harness.verify.WarmEvaluator``), started before the chief's exit: its
-    TensorFlow import (~3 s here) then is not all between the chief's exit and 'model verified'. Started at
-    the chief's first training step, or where the nodes share the controller's cores (the local provider)
-    once the training loop has ended, as the chief evaluates and publishes: there an import during the loop
-    slowed it by about what it saved the verification (``make bench``, digits under parameter_server, 2 runs
-    each: loop 6.5/9.5 s against 5.1/6.0 s, the whole `train` 25.8/28.6 s against 25.4/27.0 s; at nice 19,
-    loop 7.6/5.7 s against 5.5/5.0 s). Started as the loop ends (4 interleaved pairs of 600-step trains on
-    local nodes): verify 7.9/6.9/7.7/2.9 s against 8.8/7.7/8.8/8.0 s, the whole `train` 37.2/35.5/36.4/34.5 s
-    against 47.0/35.1/37.8/37.9 s. None where the sandbox cannot run (the verification then says why); ended
-    whatever happens."""
+    """The verifier's evaluator (``tfc_harness.verify.WarmEvaluator``), started as the run's tasks start: its
+    TensorFlow import (~3 s of CPU here, at nice 19) overlaps playbooks/train.yml, which leaves the cores
+    partly idle between its SSH round trips, and is then not between the chief's exit and 'model verified'.
+    Not later: an import during the training loop slowed the loop by about what it saved (``make bench``,
+    digits under parameter_server, 2 runs each: loop 6.5/9.5 s against 5.1/6.0 s; at nice 19, 7.6/5.7 s
+    against 5.5/5.0 s). Measured on 4 local nodes (2026-11-29, interleaved 200-step digits trains), against
+    an evaluator started once the loop had ended: on a warm cluster (6 pairs, the finish by playbook in both)
+    verify 1.5-2.3 s against 4.8-5.3 s, the whole `train` 17.5 s against 18.4 s on average; a fresh cluster's
+    first train (4 pairs, the finish over SSH in both) verify 1.2-1.4 s against 2.2-3.1 s, starting the tasks
+    10.2 s against 9.3 s, the whole `train` 19.7 s against 20.8 s. None where the sandbox cannot run (the
+    verification then says why); ended whatever happens."""
 
     def __init__(self, dest: Path):
         self.dest, self.warm = dest, None
@@ -223,6 +253,7 @@ class _AheadEvaluator:
                 say(f"warning: could not start the evaluator ahead of verification ({exc}); it starts one then")
 
     def __enter__(self) -> _AheadEvaluator:
+        self.start()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -378,11 +409,9 @@ def preemption_vars(provider) -> dict:
             "tf_node_metadata_url": url}
 
 
-def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, settings: dict,
-               on_training: Callable[[], None] | None = None, on_loop_end: Callable[[], None] | None = None) -> dict:
-    """Start ps and workers, then the chief; follow the chief until its task ends (``on_training``,
-    ``on_loop_end``: :func:`wait_for_chief`'s). On Ctrl-C or a failure every task is stopped and the logs
-    fetched before the error goes on."""
+def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, settings: dict) -> dict:
+    """Start ps and workers, then the chief; follow the chief until its task ends. On Ctrl-C or a failure
+    every task is stopped and the logs fetched before the error goes on."""
     provider = get_provider(spec.provider, state)
     model = spec.training.model
     bundle, bundle_id = wheelhouse.harness_bundle(TRAIN_DIR, state.dir / "vars",
@@ -404,8 +433,7 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
         with phase("training"):
             readers = strategies.TRAINING_JOBS[spec.strategy]     # the tasks that stream their own files
             streamers = [n for n in nodes if n.role in readers] if settings.get("data") else []
-            return progress.wait_for_chief(state, chief, settings["max_runtime_s"] + 120, streamers=streamers,
-                                           on_training=on_training, on_loop_end=on_loop_end)
+            return progress.wait_for_chief(state, chief, settings["max_runtime_s"] + 120, streamers=streamers)
     except (KeyboardInterrupt, TfclusterError) as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         run["state"] = RunState.INTERRUPTED if interrupted else RunState.FAILED

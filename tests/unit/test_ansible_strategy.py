@@ -165,6 +165,11 @@ def test_the_first_contact_is_plain_ssh_that_accepts_new_host_keys_then_the_shor
         assert f"ControlPath={state.control_dir}/%C" in options and "ControlMaster=auto" in options
         assert "BatchMode=yes" in options
 
+    # a run's end where a node does not answer over SSH (ssh's own exit status 255) falls back to the playbook
+    from tfcluster.providers.base import write_nodes
+
+    write_nodes(state.nodes, nodes)
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 255, "", ""))
     calls = []
     monkeypatch.setattr(ansible_run, "playbook", lambda _s, name, _e, **kw: calls.append((name, kw)) or {})
     training.stop_serving_and_fetch_logs(state, "r1", 4)

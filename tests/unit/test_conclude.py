@@ -160,20 +160,6 @@ def test_an_unverified_run_is_finished_first_only_when_its_finish_was_cut_short(
     assert calls == (["finish", "verify"] if finished else ["verify"])
 
 
-def test_the_chief_watch_calls_on_training_once_at_the_first_training_step(state, monkeypatch):
-    reports = iter([None, {"supervisor": {"state": "running"}, "task": {"phase": "starting", "step": 0}},
-                    {"supervisor": {"state": "running"}, "task": {"phase": "training", "step": 0, "total": 10}},
-                    {"supervisor": {"state": "running"}, "task": {"phase": "training", "step": 3, "total": 10}},
-                    {"supervisor": {"state": "running"}, "task": {"phase": "training", "step": 7, "total": 10}},
-                    {"supervisor": {"state": "succeeded"}, "task": {"phase": "done", "step": 10, "total": 10}}])
-    monkeypatch.setattr(progress.remote, "task_status", lambda *a, **kw: next(reports))
-    calls = []
-    watch = progress.ChiefWatch(state, NODES[0], 0.01, on_training=lambda: calls.append(watch.last_line))
-    seen = [watch() for _ in range(6)]
-    assert seen[-1]["supervisor"]["state"] == "succeeded" and seen[:-1] == [None] * 5
-    assert len(calls) == 1 and "step 3/10" in calls[0], calls     # once, at the first step trained
-
-
 def test_the_chief_watch_waits_on_the_node_for_news_and_reads_an_older_supervisor_the_plain_way(state, monkeypatch):
     """With ``until_change`` each look is `status --until-change poll_s` and the next follows at once (the
     node did the waiting), yet at least MIN_LOOK_S apart; a supervisor that does not know the option is read
@@ -251,62 +237,50 @@ def _report(phase: str, step: int, sup: str = "running") -> dict:
 DONE = _report("done", 10, "succeeded")
 
 
-@pytest.mark.parametrize("reports, at", [
-    ([_report("training", 3), _report("training", 10), _report("publishing", 10), DONE], 1),
-    ([_report("training", 3), _report("evaluating", 10), _report("publishing", 10), DONE], 1),
-    ([_report("training", 0), _report("training", 7), _report("publishing", 10), DONE], 2),
-])
-def test_the_chief_watch_calls_on_loop_end_once_when_the_last_step_is_trained(state, monkeypatch, reports, at):
-    it = iter(reports)
-    monkeypatch.setattr(progress.remote, "task_status", lambda *a, **kw: next(it))
-    calls, seen = [], []
-    watch = progress.ChiefWatch(state, NODES[0], 0.01, on_loop_end=lambda: calls.append(len(seen)))
-    for _ in reports:
-        seen.append(watch())
-    assert calls == [at], calls      # once, at the first report of the loop's end (index into the reports)
-    assert seen[-1]["supervisor"]["state"] == "succeeded"
-
-
-def test_the_evaluator_ahead_starts_once(tmp_path, monkeypatch):
-    from tfcluster.providers import get_provider
-
+def test_the_evaluator_ahead_starts_once_as_it_is_entered(tmp_path, monkeypatch):
     started = []
     monkeypatch.setattr("tfc_harness.verify.WarmEvaluator", lambda dest: started.append(dest) or "warm")
     monkeypatch.setattr("tfc_harness.sandbox.available", lambda: None)
-    assert get_provider("local", None).shares_controller_cores and not get_provider("aws", None).shares_controller_cores
-    with training._AheadEvaluator(tmp_path / "cloud") as ahead:
+    with training._AheadEvaluator(tmp_path / "copy") as ahead:
+        assert ahead.warm == "warm" and started == [tmp_path / "copy"]
         ahead.start()
-        ahead.start()
-        assert ahead.warm == "warm" and started == [tmp_path / "cloud"]    # one, on the first call
+        assert started == [tmp_path / "copy"]                              # one only
         ahead.warm = None                                                  # (nothing to close: a stand-in)
+    monkeypatch.setattr("tfc_harness.sandbox.available", lambda: "no user namespaces")
+    with training._AheadEvaluator(tmp_path / "other") as ahead:
+        assert ahead.warm is None and started == [tmp_path / "copy"]       # none where the sandbox cannot run
 
 
-@pytest.mark.parametrize("shared, hook", [(True, "on_loop_end"), (False, "on_training")])
-def test_train_starts_the_evaluator_ahead_at_the_loops_end_where_nodes_share_the_controllers_cores(
-        state, monkeypatch, tmp_path, shared, hook):
+def test_train_starts_the_evaluator_ahead_before_the_tasks_and_ends_it_after(state, monkeypatch, tmp_path):
     from tfcluster.providers.base import write_nodes
 
     write_nodes(state.nodes, NODES)
-    seen = {}
+    events = []
 
-    def run_tasks(*_a, on_training=None, on_loop_end=None):
-        seen.update(on_training=on_training, on_loop_end=on_loop_end)
-        return SUCCEEDED
+    class Evaluator:
+        def __init__(self, dest):
+            events.append(("evaluator", dest))
 
+        def close(self):
+            events.append("closed")
+
+    monkeypatch.setattr("tfc_harness.verify.WarmEvaluator", Evaluator)
+    monkeypatch.setattr("tfc_harness.sandbox.available", lambda: None)
     monkeypatch.setattr(training, "_check_can_train", lambda *a: None)
-    monkeypatch.setattr(training.job, "prepare", lambda spec, every_hparam_read: seen.update(
-        every_hparam_read=every_hparam_read) or {})
+    monkeypatch.setattr(training.job, "prepare", lambda spec, every_hparam_read: events.append(
+        ("every_hparam_read", every_hparam_read)) or {})
     monkeypatch.setattr(training, "_data_line", lambda *a: "data")
     monkeypatch.setattr(training, "_open_run", lambda *a: ({"run_id": "r1", "resumed": False}, {}))
-    monkeypatch.setattr(training, "get_provider", lambda *a: type("P", (), {"shares_controller_cores": shared})())
     monkeypatch.setattr(training, "_local_copy", lambda *a: tmp_path / "copy")
-    monkeypatch.setattr(training, "_run_tasks", run_tasks)
-    monkeypatch.setattr(training, "_conclude", lambda *a: {"state": "verified"})
-    spec = type("Spec", (), {"cluster": "c", "provider": "local" if shared else "aws"})()
+    monkeypatch.setattr(training, "_run_tasks", lambda *a: events.append("tasks") or SUCCEEDED)
+    monkeypatch.setattr(training, "_conclude", lambda *a: events.append(("conclude", type(a[-1]).__name__))
+                        or {"state": "verified"})
+    spec = type("Spec", (), {"cluster": "c", "provider": "local"})()
     assert training.train(spec, configure_first=False) == {"state": "verified"}
-    assert seen.pop("every_hparam_read") is True          # a run of its own; a sweep's trial: the sweep checked
-    other = "on_training" if hook == "on_loop_end" else "on_loop_end"
-    assert callable(seen[hook]) and getattr(seen[hook], "__name__", "") == "start" and seen[other] is None, seen
+    # a run of its own checks every hparam is read (a sweep's trial: the sweep checked); the evaluator's import
+    # goes on while the tasks start, the verification gets it, and it is ended after
+    assert events == [("every_hparam_read", True), ("evaluator", tmp_path / "copy"), "tasks",
+                      ("conclude", "Evaluator"), "closed"]
 
 
 def test_the_chief_watch_looks_up_the_workers_read_rate_often_until_one_reports_it(state, monkeypatch, capsys):
@@ -486,7 +460,6 @@ def test_a_run_left_without_its_logs_has_them_fetched_before_new_tasks_start(sta
                                                                                     "resumed": True}, {}))
     monkeypatch.setattr(training, "_published", lambda *a: False)
     monkeypatch.setattr(training, "keep_earlier_attempt_logs", lambda _state, run_id: calls.append("keep"))
-    monkeypatch.setattr(training, "get_provider", lambda *a: type("P", (), {"shares_controller_cores": False})())
     monkeypatch.setattr(training, "_run_tasks", lambda *a, **kw: calls.append("tasks") or SUCCEEDED)
     monkeypatch.setattr(training, "_conclude", lambda *a: {"state": "verified"})
     spec = type("Spec", (), {"cluster": "c", "provider": "aws"})()

@@ -239,10 +239,6 @@ class Provider(ABC):
     #: whose preemption notice the nodes' supervisors watch in the instance metadata: "aws", "gcp" or ""
     preemption_notice = ""
 
-    #: whether the nodes run on the controller's own cores (the local provider): then `train` starts nothing
-    #: of its own beside the training loop (the verifier's evaluator waits for its end: training._AheadEvaluator)
-    shares_controller_cores: ClassVar[bool] = False
-
     def boot_halt_minutes(self, spec: RunSpec) -> int:
         """Minutes after its boot at which each node halts itself until training starts (and re-arms the halt
         for :meth:`vm_halt_minutes`); 0 = no such backstop."""

@@ -86,7 +86,6 @@ class LocalProvider(TerraformProvider):
     unsupported = {"gpus": "local nodes share this machine and have no GPUs",
                    "spot": "there is no market for namespaces"}
     options_model = LocalOptions
-    shares_controller_cores = True     # namespaces on this machine: the tasks' thread pools share its cores
     max_nodes = 16
 
     @classmethod
