@@ -9,10 +9,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+from . import remote
 from .errors import TfclusterError
 from .paths import ANSIBLE_CFG, PLAYBOOKS_DIR, ClusterState
 
@@ -46,15 +48,17 @@ def mitogen_strategy() -> dict[str, str]:
 
 def environment(state: ClusterState, extra: dict[str, str] | None = None, mitogen: bool = True) -> dict[str, str]:
     """Ansible's environment for this cluster; ``mitogen=False``: Ansible's own strategy (see :func:`playbook`)."""
-    cp = state.ensure_control_dir()
     env = dict(os.environ)
     env.update(mitogen_strategy() if mitogen else {})
+    # ansible.cfg's ssh_args (or the user's own ANSIBLE_SSH_ARGS) and the cluster's control sockets, as
+    # tfcluster/remote.py names them: Ansible's own ssh, mitogen's (which reads ssh_args too, but no control path
+    # setting) and the commands tfcluster runs on nodes (status polls, the configure check, a run's end) share
+    # one master per node
+    ssh_args = shlex.split(os.environ["ANSIBLE_SSH_ARGS"]) if os.environ.get("ANSIBLE_SSH_ARGS") \
+        else list(remote.general_options())
     env.update({
         "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
-        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp),
-        # ssh's own %C, as tfcluster/remote.py names its sockets: Ansible's plays (its own strategy) and the
-        # commands tfcluster runs on nodes (status polls, the configure check) share one master per node
-        "ANSIBLE_SSH_CONTROL_PATH": "%(directory)s/%%C",
+        "ANSIBLE_SSH_ARGS": shlex.join([*ssh_args, *remote.control_options(state)]),
         "ANSIBLE_LOCAL_TEMP": str(state.dir / "ansible-tmp"),
         "ANSIBLE_FORCE_COLOR": "0",
         "PYTHONUNBUFFERED": "1",

@@ -95,9 +95,9 @@ def wait_for_ssh(state: ClusterState, nodes: list[Node], timeout: int) -> None:
     rights as Ansible takes them (``sudo -n`` for a non-root login: the inventory's ``ansible_become``), or fail
     naming the nodes that never did and what ssh said. The first contact with new nodes: their host keys go
     into the cluster's known_hosts (accept-new: mitogen, which checks host keys strictly, comes later), and each
-    connection stays open for ControlPersist as a control master that Ansible's own strategy and tfcluster's
-    node commands reuse (one set of options and control sockets, :mod:`tfcluster.remote`; mitogen opens its
-    own). One ssh a node at once rather than ``ansible all -m ping``: 0.5 s against 2.3-2.6 s on 4 local nodes
+    connection stays open for ControlPersist as a control master that Ansible (its own strategy and mitogen's)
+    and tfcluster's node commands reuse (one set of options and control sockets, :mod:`tfcluster.remote`).
+    One ssh a node at once rather than ``ansible all -m ping``: 0.5 s against 2.3-2.6 s on 4 local nodes
     (Ansible's start, then its module's on every node)."""
     probe = f"{inventory.NODE_PYTHON} -c ''"
     why: dict[str, str] = {n.name: "" for n in nodes}

@@ -7,6 +7,7 @@ written to its own name in the node's directory of the run's logs, never to a pa
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tarfile
@@ -30,6 +31,16 @@ def unpack(run_logs: Path) -> list[str]:
             continue
         archive.unlink()
     return problems
+
+
+def readable(data: bytes) -> bool:
+    """Whether ``data`` reads as a gzipped tar to its end (what a node's archive is)."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            tar.getmembers()
+    except (tarfile.TarError, OSError, EOFError):
+        return False
+    return True
 
 
 def _unpack_one(archive: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -52,16 +53,24 @@ def terminate(pid: int, grace: float, still_it: Callable[[], bool] = lambda: Tru
     """SIGTERM process ``pid``, SIGKILL once ``grace`` seconds pass without its exit: both through a pidfd
     opened first, so a process that ends meanwhile is never confused with another given its pid. ``still_it``,
     asked once the pidfd holds the process, says the pid still names the process meant (a pid file's check).
-    Whether it was signalled."""
+    False when there was no such process, or not the one meant. (A kernel without pidfds: SIGTERM only.)"""
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return False
+    except OSError:                                         # no pidfd here: never a SIGKILL to a guessed pid
+        if not still_it():
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        return True
     try:
         if not still_it():
             return False
         signal.pidfd_send_signal(fd, signal.SIGTERM)
-        if not select.select([fd], [], [], grace)[0]:       # a pidfd reads ready once its process has exited
+        waiter = select.poll()
+        waiter.register(fd, select.POLLIN)                  # a pidfd reads ready once its process has exited
+        if not waiter.poll(grace * 1000):
             signal.pidfd_send_signal(fd, signal.SIGKILL)
         return True
     except ProcessLookupError:                              # it exited between the open and a signal

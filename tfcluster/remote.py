@@ -1,8 +1,9 @@
 """Commands on a cluster's nodes outside Ansible: the task's status and log, over the same SSH set-up.
 
 Ansible and these commands share one set of SSH options: the general ones live in ``ansible.cfg``
-(``[ssh_connection] ssh_args``), the cluster's own (its known_hosts, its control sockets) in
-:func:`cluster_options`, which the inventory carries to Ansible as ``ansible_ssh_common_args``.
+(``[ssh_connection] ssh_args``), the cluster's own (its key, its known_hosts) in :func:`cluster_options`,
+which the inventory carries to Ansible as ``ansible_ssh_common_args``, and its control sockets in
+:func:`control_options`, which Ansible gets in its environment.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from .paths import ANSIBLE_CFG, ClusterState
 from .providers.base import Node
 
 #: roles/tf_node's defaults these commands share with its tasks (tests/unit/test_remote_finish.py holds them
-#: equal): where a node's task keeps its log and state (root's, 0750), the supervisor, the task's credentials
-#: file, and the directory (made afresh, root's) of the archive a run's end leaves for the controller
+#: equal; tfcluster never sets them otherwise, and its commands assume them): where a node's task keeps its
+#: log and state (root's, 0750), the supervisor, the task's credentials file, and the directory (made afresh,
+#: root's) of the archive a run's end leaves for the controller
 TASK_DIR = "/var/lib/tfcluster/task"
 SUPERVISE = "/usr/local/bin/tfc-supervise"
 ENV_FILE = "/etc/tfcluster/task.env"
@@ -56,20 +58,23 @@ def keepalive() -> tuple[int, int]:
 
 
 def cluster_options(state: ClusterState) -> list[str]:
-    """The cluster's own SSH options: its known_hosts (new hosts accepted once, then checked), no agent keys,
-    and its control sockets, one per node (ssh's %C), which these commands, Ansible's own ssh and mitogen's
-    share: a master one of them left serves the others (mitogen's start of a play then skips each node's SSH
-    handshake)."""
+    """The cluster's own SSH options: its known_hosts (new hosts accepted once, then checked), no agent keys."""
     return ["-o", f"UserKnownHostsFile={state.known_hosts}", "-o", "StrictHostKeyChecking=accept-new",
-            "-o", "IdentitiesOnly=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}",
-            "-o", f"ControlPath={state.control_dir}/%C"]
+            "-o", "IdentitiesOnly=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}"]
+
+
+def control_options(state: ClusterState) -> list[str]:
+    """The cluster's control sockets, one per node (ssh's %C), which these commands, Ansible's own ssh and
+    mitogen's share (:func:`tfcluster.ansible_run.environment`): a master one of them left serves the others,
+    and a play through mitogen then skips each node's SSH handshake. Not in the inventory: the directory is
+    under this run's temporary directory (:attr:`tfcluster.paths.ClusterState.control_dir`)."""
+    return ["-o", f"ControlPath={state.ensure_control_dir()}/%C"]
 
 
 def ssh_command(state: ClusterState, node: Node, command: str) -> list[str]:
     """``ssh`` running ``command`` on a node, with Ansible's options and the cluster's control sockets."""
-    state.ensure_control_dir()
     return ["ssh", "-i", str(state.ssh_key), *general_options(), *cluster_options(state), "-o", "BatchMode=yes",
-            "-p", str(node.ssh_port), f"{node.ssh_user}@{node.public_ip}", command]
+            *control_options(state), "-p", str(node.ssh_port), f"{node.ssh_user}@{node.public_ip}", command]
 
 
 def on_each(nodes: list[Node], one: Callable[[Node], T]) -> dict[str, T]:
@@ -96,21 +101,22 @@ def as_root(node: Node, command: str) -> str:
     return command if node.ssh_user == "root" else f"sudo -n {command}"
 
 
-def call(state: ClusterState, node: Node, command: str, timeout: float = 30,
-         root: bool = True) -> subprocess.CompletedProcess:
+def call(state: ClusterState, node: Node, command: str, timeout: float = 30, root: bool = True,
+         own_session: bool = False) -> subprocess.CompletedProcess:
     """Run a command on a node with root's rights (``root=False``: as the login user, without sudo's start):
-    its result, or ssh's own failure as exit status 255; raises ``subprocess.TimeoutExpired``."""
+    its result, or ssh's own failure as exit status 255; raises ``subprocess.TimeoutExpired``.
+    ``own_session``: ssh in a session of its own, out of reach of a Ctrl-C meant for other work."""
     return subprocess.run(ssh_command(state, node, as_root(node, command) if root else command),
                           capture_output=True, text=True, errors="replace",    # a task's log may hold any bytes
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+                          timeout=timeout, stdin=subprocess.DEVNULL, start_new_session=own_session)
 
 
-def run(state: ClusterState, node: Node, command: str, timeout: float = 30,
-        root: bool = True) -> subprocess.CompletedProcess | None:
+def run(state: ClusterState, node: Node, command: str, timeout: float = 30, root: bool = True,
+        own_session: bool = False) -> subprocess.CompletedProcess | None:
     """:func:`call`, or None when the node does not answer (ssh's own exit status 255, or nothing within the
     timeout)."""
     try:
-        res = call(state, node, command, timeout, root)
+        res = call(state, node, command, timeout, root, own_session)
     except subprocess.TimeoutExpired:
         return None
     return None if res.returncode == 255 else res
@@ -146,13 +152,13 @@ def finish_command(stop: bool) -> str:
             + f" --to {COLLECT_DIR}")
 
 
-def read_archive(state: ClusterState, node: Node, timeout: float = 60) -> bytes | None:
+def read_archive(state: ClusterState, node: Node, timeout: float = 30, own_session: bool = False) -> bytes | None:
     """The archive of the node's log and state that :func:`finish_command` left (root's); None when the node
-    does not answer or the read fails."""
+    does not answer or the read fails (``own_session``: :func:`call`'s)."""
     command = as_root(node, f"cat {COLLECT_DIR}/collected.tar.gz")
     try:
         res = subprocess.run(ssh_command(state, node, command), capture_output=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, start_new_session=own_session)
     except subprocess.TimeoutExpired:
         return None
     return res.stdout if res.returncode == 0 else None

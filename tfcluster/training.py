@@ -127,54 +127,66 @@ def stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, co
                                 stop_chief: bool = False) -> bool:
     """Stop ps and workers (``stop_chief``: every task, as after a Ctrl-C or a failure), fetch every node's log
     and state to .tfcluster/<cluster>/logs/<run-id>/ and remove the tasks' credentials file; best effort: a
-    failure is reported, not raised. True when every node's log was fetched.
+    failure is reported, not raised. True when every node's log was fetched. ``console=False``: beside other
+    work that has the console, out of reach of its Ctrl-C, and the playbook's output only in train.log.
 
     A run's usual end goes over the cluster's SSH masters (:func:`_finish_over_ssh`); after a Ctrl-C or a
-    failure (``stop_chief``), or where that fails on a node, playbooks/finish.yml does it, with its chief-first
-    stop and its rescue (the credentials removed, the task stopped where the supervisor's finish fails)."""
+    failure (``stop_chief``), or on the nodes where that failed, playbooks/finish.yml does it, with its
+    chief-first stop and its rescue (the credentials removed, the task stopped where the supervisor's finish
+    fails)."""
     dest = state.logs / run_id
     dest.mkdir(parents=True, exist_ok=True)
-    fetched = not stop_chief and _finish_over_ssh(state, read_nodes(state.nodes), dest)
-    if not fetched:
+    nodes = read_nodes(state.nodes)
+    left = nodes if stop_chief else _finish_over_ssh(state, nodes, dest, own_session=not console)
+    fetched = True
+    if left:
         extra = _extra_vars(state, "finish-vars.json", {"tf_node_logs_dest": str(dest),
                                                         "tfcluster_stop_chief": stop_chief})
         try:
             ansible_run.playbook(state, "finish.yml", extra, forks=forks, log_file=state.logs / "train.log",
-                                 console=console, mitogen=False)
-            fetched = True
+                                 console=console, mitogen=False,
+                                 limit=None if left == nodes else [*(n.name for n in left), "localhost"])
         except TfclusterError as exc:
             say(f"warning: could not fetch every node's log: {exc}")
+            fetched = False
     problems = collected.unpack(dest)    # each node's one archive, also those fetched before a failure
     for problem in problems:
         say(f"warning: {problem}")
     return fetched and not problems
 
 
-def _finish_over_ssh(state: ClusterState, nodes: list[Node], dest: Path) -> bool:
+def _finish_over_ssh(state: ClusterState, nodes: list[Node], dest: Path, own_session: bool) -> list[Node]:
     """A run's usual end without Ansible's start (~0.3 s on 4 local nodes against ~3.5 s for
     playbooks/finish.yml): on every node at once, the supervisor's finish (the one command of
     roles/tf_node/tasks/finish.yml: stop the task but the chief's, remove its credentials file, archive its log
-    and state), then that archive read into ``dest/<node>/``. Whether every node did both; train.log says what
-    each printed (and where it failed, the playbook then runs on every node: finishing twice changes nothing)."""
+    and state), then that archive read into ``dest/<node>/`` (``own_session``: :func:`remote.call`'s). Returns
+    the nodes where either failed (no answer: a node gone costs SSH's connect timeout here first), for the
+    playbook; train.log says what each printed."""
     def one(node: Node) -> tuple[bool, str]:
-        res = remote.run(state, node, remote.finish_command(stop=node.role != "chief"), remote.FINISH_TIMEOUT)
-        if res is None or res.returncode != 0:
-            said = "no answer" if res is None else f"exit {res.returncode}: {(res.stderr or res.stdout).strip()}"
-            return False, f"finish failed ({said[-500:]})"
-        archive = remote.read_archive(state, node)
-        if archive is None:
-            return False, f"{res.stdout.strip()}; reading its archive failed"
-        (dest / node.name).mkdir(exist_ok=True)
-        (dest / node.name / collected.ARCHIVE).write_bytes(archive)
-        return True, res.stdout.strip()
+        try:
+            res = remote.run(state, node, remote.finish_command(stop=node.role != "chief"), remote.FINISH_TIMEOUT,
+                             own_session=own_session)
+            if res is None or res.returncode != 0:
+                said = "no answer" if res is None else f"exit {res.returncode}: {(res.stderr or res.stdout).strip()}"
+                return False, f"finish failed ({said[-500:]})"
+            archive = remote.read_archive(state, node, own_session=own_session)
+            if archive is None or not collected.readable(archive):
+                return False, f"{res.stdout.strip()}\nno readable archive of its log and state"
+            (dest / node.name).mkdir(exist_ok=True)
+            (dest / node.name / collected.ARCHIVE).write_bytes(archive)
+            return True, res.stdout.strip()
+        except Exception as exc:      # e.g. a full disk here: the playbook tries, and says what fails
+            return False, f"{type(exc).__name__}: {exc}"
 
     done = remote.on_each(nodes, one)
-    state.logs.mkdir(parents=True, exist_ok=True)
-    with open(state.logs / "train.log", "a") as log:
-        for name, (ok, said) in done.items():
-            log.write(f"finish over ssh: {name}: {'ok' if ok else 'FAILED'}\n"
-                      + "".join(f"    {line}\n" for line in said.splitlines()))
-    return all(ok for ok, _ in done.values())
+    try:
+        with open(state.logs / "train.log", "a") as log:
+            for name, (ok, said) in done.items():
+                log.write(f"finish over ssh: {name}: {'ok' if ok else 'FAILED'}\n"
+                          + "".join(f"    {line}\n" for line in said.splitlines()))
+    except OSError:
+        pass                          # the log is a record of it, not a condition of it
+    return [n for n in nodes if not done[n.name][0]]
 
 
 def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
@@ -517,9 +529,9 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 
 
 def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, stop_chief: bool) -> Path:
-    """Stop ps and workers (and the chief when asked), then fetch every node's log, in one playbook; the record
-    says whether every log was fetched (and every credentials file removed), which ``down`` then need not do
-    again."""
+    """Stop ps and workers (and the chief when asked), then fetch every node's log
+    (:func:`stop_serving_and_fetch_logs`); the record says whether every log was fetched (and every
+    credentials file removed), which ``down`` then need not do again."""
     with phase("stop the tasks still serving, fetch logs"):
         run["logs_fetched"] = stop_serving_and_fetch_logs(state, run["run_id"], len(nodes), stop_chief=stop_chief)
     runrecord.write(state, run)
@@ -529,9 +541,10 @@ def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, st
 @contextmanager
 def _finishing_beside(state: ClusterState, nodes: list[Node], run: dict):
     """Stop the tasks still serving and fetch every node's log in a thread while the body runs (the published
-    model's verification: it reads S3 only, and its TensorFlow start overlaps the playbook's SSH work, ~3 s
-    of a run here). The playbook's console output is held back (train.log has it); the record says whether
-    every log was fetched once both are done. The thread never touches ``run``: only this one writes it."""
+    model's verification: it reads S3 only). Its SSH commands and the playbook that may follow them are out
+    of reach of a Ctrl-C meant for the verification, and the playbook's console output is held back
+    (train.log has it); the record says whether every log was fetched once both are done. The thread never
+    touches ``run``: only this one writes it."""
     outcome: dict = {}
 
     def work() -> None:

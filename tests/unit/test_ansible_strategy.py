@@ -211,16 +211,17 @@ def test_ansibles_ssh_and_tfclusters_node_commands_share_one_control_socket_per_
                           "-e", "ansible_port=1", "-e", "ansible_user=debian", "-vvv"],
                          capture_output=True, text=True, env=ansible_run.environment(state, mitogen=False),
                          timeout=120, stdin=subprocess.DEVNULL)
-    theirs = re.findall(r'ControlPath="?([^"\s]+)"?', res.stdout)
-    assert theirs, res.stdout[-2000:]
-    assert {f"ControlPath={path}" for path in theirs} == {ours}
+    execs = [line for line in res.stdout.splitlines() if "SSH: EXEC" in line]
+    assert execs, res.stdout[-2000:]
+    assert all([f"ControlPath={path}" for path in re.findall(r'ControlPath="?([^"\s]+)"?', line)] == [ours]
+               for line in execs), execs     # once each: ours, and no other of Ansible's
 
 
 def test_mitogens_ssh_uses_the_same_control_socket_as_tfclusters_node_commands(state):
     """A play through mitogen (train.yml's start) reaches each node through the master up's first contact or a
-    status poll left, instead of an SSH handshake of its own: the inventory's ssh_common_args name the cluster's
-    control sockets. Seen in the ssh command line mitogen logs, against a closed port of this machine's
-    loopback."""
+    status poll left, instead of an SSH handshake of its own: Ansible's environment (ANSIBLE_SSH_ARGS, which
+    mitogen reads) names the cluster's control sockets, once. Seen in the ssh command line mitogen logs, against
+    a closed port of this machine's loopback."""
     from tfcluster import inventory, remote
     from tfcluster.providers.base import Node
 
@@ -234,4 +235,5 @@ def test_mitogens_ssh_uses_the_same_control_socket_as_tfclusters_node_commands(s
                          capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
     lines = [line for line in (res.stdout + res.stderr).splitlines() if "command line for" in line]
     assert lines and all(" ssh " in line for line in lines), (res.stdout + res.stderr)[-2000:]
-    assert {f"ControlPath={path}" for line in lines for path in re.findall(r"ControlPath=(\S+)", line)} == {ours}
+    assert all([f"ControlPath={path}" for path in re.findall(r"ControlPath=(\S+)", line)] == [ours]
+               for line in lines), lines

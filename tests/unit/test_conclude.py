@@ -27,6 +27,14 @@ def state(tmp_path, monkeypatch):
     return st
 
 
+@pytest.fixture(autouse=True)
+def no_evaluator_ahead(tmp_path, monkeypatch):
+    """A train here starts no sandboxed evaluator (training._AheadEvaluator: none where the sandbox cannot run)
+    and writes no copy of a run into the repository's artifacts/; the tests of the evaluator ahead allow it."""
+    monkeypatch.setattr("tfc_harness.sandbox.available", lambda: "not in these unit tests")
+    monkeypatch.setattr(training, "artifacts_root", lambda: tmp_path / "artifacts")
+
+
 def _record_spans(monkeypatch, verify_result):
     """Fake fetch (0.3 s) and verify (0.3 s, returning or raising ``verify_result``), recording their spans."""
     spans: dict[str, tuple[float, float]] = {}

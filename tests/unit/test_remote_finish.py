@@ -3,8 +3,10 @@ command as roles/tf_node/tasks/finish.yml, the archive read back, and the playbo
 
 from __future__ import annotations
 
+import io
 import shlex
 import subprocess
+import tarfile
 
 import jinja2
 import yaml
@@ -21,7 +23,7 @@ def _role_finish_argv(role: str) -> list[str]:
     defaults = yaml.safe_load((REPO / "roles/tf_node/defaults/main.yml").read_text())
     role_vars = yaml.safe_load((REPO / "roles/tf_node/vars/main.yml").read_text())
     env = jinja2.Environment()
-    env.filters["bool"] = bool
+    env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("true", "yes", "1")
     values = dict(defaults, tf_role=role, tf_node_stop_chief=False, tf_node_logs_dest="/logs")
     values["_tf_node_finish_stops"] = env.from_string(role_vars["_tf_node_finish_stops"]).render(values) == "True"
     return env.compile_expression(role_vars["_tf_node_supervise_finish"].strip().removeprefix("{{")
@@ -37,6 +39,19 @@ def test_the_finish_over_ssh_runs_the_roles_own_command_with_its_defaults():
         assert shlex.split(remote.finish_command(stop)) == _role_finish_argv(role), role
 
 
+def _archive(text: str) -> bytes:
+    """A node's archive as the supervisor makes it: a gzipped tar holding node.log."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("node.log")
+        info.size = len(text.encode())
+        tar.addfile(info, io.BytesIO(text.encode()))
+    return buf.getvalue()
+
+
+ARCHIVE = _archive("x")
+
+
 def _cluster(tmp_path, monkeypatch) -> tuple[ClusterState, list[Node]]:
     monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
     state = ClusterState("c")
@@ -50,47 +65,55 @@ def _cluster(tmp_path, monkeypatch) -> tuple[ClusterState, list[Node]]:
 def test_a_usual_end_stops_all_but_the_chief_and_fetches_each_archive_without_the_playbook(tmp_path, monkeypatch):
     state, nodes = _cluster(tmp_path, monkeypatch)
     ran = []
-    monkeypatch.setattr(remote, "run", lambda _s, node, command, timeout=30, root=True: ran.append(
-        (node.name, command)) or subprocess.CompletedProcess(command, 0, "credentials: removed /etc/x\n", ""))
-    monkeypatch.setattr(remote, "read_archive", lambda _s, node, timeout=60: f"archive of {node.name}".encode())
+    said = "credentials: removed /etc/x\n"
+    monkeypatch.setattr(remote, "run", lambda _s, node, command, timeout=30, root=True, own_session=False: ran.append(
+        (node.name, command, own_session)) or subprocess.CompletedProcess(command, 0, said, ""))
+    monkeypatch.setattr(remote, "read_archive", lambda _s, node, own_session=False: _archive(node.name))
     monkeypatch.setattr(training.collected, "unpack", lambda dest: [])
     monkeypatch.setattr(ansible_run, "playbook", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("playbook")))
 
-    assert training.stop_serving_and_fetch_logs(state, "r1", 3) is True
-    assert sorted(ran) == sorted((n.name, remote.finish_command(stop=n.role != "chief")) for n in nodes)
+    # beside the verification (console=False): each ssh in a session of its own, out of a Ctrl-C's reach
+    assert training.stop_serving_and_fetch_logs(state, "r1", 3, console=False) is True
+    assert sorted(ran) == sorted((n.name, remote.finish_command(stop=n.role != "chief"), True) for n in nodes)
     for n in nodes:
-        assert (state.logs / "r1" / n.name / "collected.tar.gz").read_bytes() == f"archive of {n.name}".encode()
+        assert (state.logs / "r1" / n.name / "collected.tar.gz").read_bytes() == _archive(n.name)
     log = (state.logs / "train.log").read_text()
     assert all(f"finish over ssh: {n.name}: ok\n    credentials: removed /etc/x\n" in log for n in nodes), log
 
 
-def test_where_a_node_fails_or_a_stop_of_the_chief_is_asked_the_playbook_finishes_every_node(tmp_path, monkeypatch):
+def test_the_playbook_finishes_the_nodes_where_the_end_over_ssh_failed_and_every_node_after_a_ctrl_c(
+        tmp_path, monkeypatch):
     state, nodes = _cluster(tmp_path, monkeypatch)
-    monkeypatch.setattr(remote, "read_archive", lambda _s, node, timeout=60: b"a")
     monkeypatch.setattr(training.collected, "unpack", lambda dest: [])
     plays = []
     monkeypatch.setattr(ansible_run, "playbook", lambda _s, name, extra, **kw: plays.append((name, kw)) or {})
 
-    # the supervisor's finish fails on the worker (one from before `finish`: exit 2), the others answer
-    def run(_s, node, command, timeout=30, root=True):
-        code = 2 if node.role == "worker" else 0
-        return subprocess.CompletedProcess(command, code, "", "invalid choice: 'finish'" if code else "")
-    monkeypatch.setattr(remote, "run", run)
-    assert training.stop_serving_and_fetch_logs(state, "r1", 3) is True      # the playbook did it
-    assert [name for name, _ in plays] == ["finish.yml"] and "limit" not in plays[0][1]
+    def finish_fails_on(role, answer, archive=ARCHIVE):
+        plays.clear()
+        monkeypatch.setattr(remote, "run", lambda _s, node, command, *a, **kw: answer if node.role == role else
+                            subprocess.CompletedProcess(command, 0, "", ""))
+        monkeypatch.setattr(remote, "read_archive", lambda *a, **kw: archive)
+        assert training.stop_serving_and_fetch_logs(state, "r1", 3) is True      # the playbook did it
+        assert [name for name, _ in plays] == ["finish.yml"], plays
+        return plays[0][1]["limit"]
+
+    # a supervisor from before `finish` (exit 2), a node that does not answer: the playbook on that node only
+    # (and localhost, whose play checks the limited nodes reported)
+    old = subprocess.CompletedProcess("", 2, "", "invalid choice: 'finish'")
+    assert finish_fails_on("worker", old) == ["c-worker-0", "localhost"]
     assert "finish over ssh: c-worker-0: FAILED\n    finish failed (exit 2: invalid choice: 'finish')" in \
         (state.logs / "train.log").read_text()
+    assert finish_fails_on("ps", None) == ["c-ps-0", "localhost"]
+    # an archive that is not one (what a login shell printed, a cut read), or none: every node
+    assert finish_fails_on("none", None, archive=b"motd\n" + _archive("x")) is None
+    assert finish_fails_on("none", None, archive=None) is None
+    # an error here (a full disk): the playbook, not an exception out of the run's end
+    monkeypatch.setattr(training.collected, "ARCHIVE", "no-such-dir/collected.tar.gz")
+    assert finish_fails_on("none", None) is None
+    assert "FileNotFoundError" in (state.logs / "train.log").read_text()
 
-    # a node that does not answer, or whose archive cannot be read: the playbook too
-    for answer, archive in ((None, b"a"), (subprocess.CompletedProcess("", 0, "", ""), None)):
-        plays.clear()
-        monkeypatch.setattr(remote, "run", lambda *a, answer=answer, **kw: answer)
-        monkeypatch.setattr(remote, "read_archive", lambda *a, archive=archive, **kw: archive)
-        training.stop_serving_and_fetch_logs(state, "r1", 3)
-        assert [name for name, _ in plays] == ["finish.yml"]
-
-    # after a Ctrl-C or a failure (the chief stopped first): only the playbook, no command over SSH
+    # after a Ctrl-C or a failure (the chief stopped first): only the playbook, on every node, no SSH
     plays.clear()
     monkeypatch.setattr(remote, "run", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("ssh")))
     training.stop_serving_and_fetch_logs(state, "r1", 3, stop_chief=True)
-    assert [name for name, _ in plays] == ["finish.yml"]
+    assert [(name, kw["limit"]) for name, kw in plays] == [("finish.yml", None)]
