@@ -248,8 +248,8 @@ class _AheadEvaluator:
     an evaluator started once the loop had ended: on a warm cluster (6 pairs, the finish by playbook in both)
     verify 1.5-2.3 s against 4.8-5.3 s, the whole `train` 17.5 s against 18.4 s on average; a fresh cluster's
     first train (4 pairs, the finish over SSH in both) verify 1.2-1.4 s against 2.2-3.1 s, starting the tasks
-    10.2 s against 9.3 s, the whole `train` 19.7 s against 20.8 s. None where the sandbox cannot run (the
-    verification then says why); ended whatever happens."""
+    10.2 s against 9.3 s, the whole `train` 19.7 s against 20.8 s. It holds ~500 MB of the controller's memory
+    until then. None where the sandbox cannot run (the verification then says why); ended whatever happens."""
 
     def __init__(self, dest: Path):
         self.dest, self.warm = dest, None
