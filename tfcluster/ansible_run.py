@@ -50,15 +50,19 @@ def environment(state: ClusterState, extra: dict[str, str] | None = None, mitoge
     """Ansible's environment for this cluster; ``mitogen=False``: Ansible's own strategy (see :func:`playbook`)."""
     env = dict(os.environ)
     env.update(mitogen_strategy() if mitogen else {})
-    # ansible.cfg's ssh_args (or the user's own ANSIBLE_SSH_ARGS) and the cluster's control sockets, as
-    # tfcluster/remote.py names them: Ansible's own ssh, mitogen's (which reads ssh_args too, but no control path
-    # setting) and the commands tfcluster runs on nodes (status polls, the configure check, a run's end) share
-    # one master per node
-    ssh_args = shlex.split(os.environ["ANSIBLE_SSH_ARGS"]) if os.environ.get("ANSIBLE_SSH_ARGS") \
-        else list(remote.general_options())
+    # the cluster's control sockets, as tfcluster/remote.py names them (first: ssh keeps an option's first
+    # value), then ansible.cfg's ssh_args or the user's own ANSIBLE_SSH_ARGS: Ansible's own ssh, mitogen's
+    # (which reads ssh_args too, but no control path setting) and the commands tfcluster runs on nodes (status
+    # polls, the configure check, a run's end) share one master per node
+    try:
+        ssh_args = shlex.split(os.environ["ANSIBLE_SSH_ARGS"]) if os.environ.get("ANSIBLE_SSH_ARGS") \
+            else list(remote.general_options())
+    except ValueError as exc:
+        raise TfclusterError(f"ANSIBLE_SSH_ARGS={os.environ['ANSIBLE_SSH_ARGS']!r}: not shell words ({exc}); "
+                             "unset it or quote it as a shell would") from None
     env.update({
         "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
-        "ANSIBLE_SSH_ARGS": shlex.join([*ssh_args, *remote.control_options(state)]),
+        "ANSIBLE_SSH_ARGS": shlex.join([*remote.control_options(state), *ssh_args]),
         "ANSIBLE_LOCAL_TEMP": str(state.dir / "ansible-tmp"),
         "ANSIBLE_FORCE_COLOR": "0",
         "PYTHONUNBUFFERED": "1",

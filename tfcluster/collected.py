@@ -11,6 +11,7 @@ import io
 import os
 import shutil
 import tarfile
+import zlib
 from pathlib import Path
 
 ARCHIVE = "collected.tar.gz"
@@ -38,7 +39,7 @@ def readable(data: bytes) -> bool:
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             tar.getmembers()
-    except (tarfile.TarError, OSError, EOFError):
+    except (tarfile.TarError, OSError, EOFError, zlib.error):
         return False
     return True
 

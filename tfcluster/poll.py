@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import signal
@@ -61,8 +60,10 @@ def terminate(pid: int, grace: float, still_it: Callable[[], bool] = lambda: Tru
     except OSError:                                         # no pidfd here: never a SIGKILL to a guessed pid
         if not still_it():
             return False
-        with contextlib.suppress(ProcessLookupError):
+        try:
             os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return False
         return True
     try:
         if not still_it():

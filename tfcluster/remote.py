@@ -152,7 +152,7 @@ def finish_command(stop: bool) -> str:
             + f" --to {COLLECT_DIR}")
 
 
-def read_archive(state: ClusterState, node: Node, timeout: float = 30, own_session: bool = False) -> bytes | None:
+def read_archive(state: ClusterState, node: Node, timeout: float = 60, own_session: bool = False) -> bytes | None:
     """The archive of the node's log and state that :func:`finish_command` left (root's); None when the node
     does not answer or the read fails (``own_session``: :func:`call`'s)."""
     command = as_root(node, f"cat {COLLECT_DIR}/collected.tar.gz")

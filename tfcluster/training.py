@@ -160,8 +160,10 @@ def _finish_over_ssh(state: ClusterState, nodes: list[Node], dest: Path, own_ses
     playbooks/finish.yml): on every node at once, the supervisor's finish (the one command of
     roles/tf_node/tasks/finish.yml: stop the task but the chief's, remove its credentials file, archive its log
     and state), then that archive read into ``dest/<node>/`` (``own_session``: :func:`remote.call`'s). Returns
-    the nodes where either failed (no answer: a node gone costs SSH's connect timeout here first), for the
-    playbook; train.log says what each printed."""
+    the nodes where either failed, for the playbook; train.log says what each printed. A node that does not
+    answer costs its wait here before the playbook's own: SSH's connect timeout (10 s) for a new connection,
+    the master's keep-alives (~30 s) for one that went silent, :data:`remote.FINISH_TIMEOUT` for a node that
+    answers and then hangs (whose finish may then still run beside the playbook's)."""
     def one(node: Node) -> tuple[bool, str]:
         try:
             res = remote.run(state, node, remote.finish_command(stop=node.role != "chief"), remote.FINISH_TIMEOUT,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,6 +21,7 @@ from tfcluster.paths import ClusterState
 def state(tmp_path, monkeypatch):
     monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
     monkeypatch.delenv("ANSIBLE_STRATEGY", raising=False)
+    monkeypatch.delenv("ANSIBLE_SSH_ARGS", raising=False)
     st = ClusterState("c")
     st.dir.mkdir(parents=True)
     yield st
@@ -237,3 +239,18 @@ def test_mitogens_ssh_uses_the_same_control_socket_as_tfclusters_node_commands(s
     assert lines and all(" ssh " in line for line in lines), (res.stdout + res.stderr)[-2000:]
     assert all([f"ControlPath={path}" for path in re.findall(r"ControlPath=(\S+)", line)] == [ours]
                for line in lines), lines
+
+
+def test_ansibles_ssh_args_name_the_clusters_control_sockets_first_then_ansible_cfgs_or_the_users(state, monkeypatch):
+    from tfcluster import remote
+    from tfcluster.errors import TfclusterError
+
+    ours = remote.control_options(state)
+    assert shlex.split(ansible_run.environment(state)["ANSIBLE_SSH_ARGS"]) == [*ours, *remote.general_options()]
+    # the user's own (even one naming another control path: ssh keeps the first, the cluster's)
+    monkeypatch.setenv("ANSIBLE_SSH_ARGS", "-o ControlPath=/elsewhere/%C -o 'ProxyCommand=nc %h %p'")
+    assert shlex.split(ansible_run.environment(state)["ANSIBLE_SSH_ARGS"]) == [
+        *ours, "-o", "ControlPath=/elsewhere/%C", "-o", "ProxyCommand=nc %h %p"]
+    monkeypatch.setenv("ANSIBLE_SSH_ARGS", "-o 'ProxyCommand=nc")
+    with pytest.raises(TfclusterError, match=r"ANSIBLE_SSH_ARGS=.*not shell words"):
+        ansible_run.environment(state)

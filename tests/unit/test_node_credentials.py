@@ -19,7 +19,7 @@ import yaml
 
 from tests.conftest import REPO
 from tests.unit.supervise import SUPERVISE
-from tfcluster import ansible_run, inventory
+from tfcluster import ansible_run, inventory, training
 from tfcluster.paths import PLAYBOOKS_DIR, ClusterState
 from tfcluster.providers.base import Node
 
@@ -150,10 +150,13 @@ def test_down_fetches_the_logs_again_only_when_the_runs_finish_did_not(tmp_path,
     time.sleep(0.01)
     runrecord.write(state, {"run_id": "r1", "state": "verified", "logs_fetched": fetched})
     monkeypatch.setattr(teardown, "load_spec", lambda _state: type("Spec", (), {"node_total": 1})())
-    plays = []
+    plays, over_ssh = [], []
     monkeypatch.setattr(ansible_run, "playbook", lambda _s, name, _e, **kw: plays.append(name))
+    # the end over SSH (first) fails on the node: the playbook then does it there
+    monkeypatch.setattr(training, "_finish_over_ssh", lambda _s, nodes, _d, own_session: over_ssh.append(
+        [n.name for n in nodes]) or nodes)
     teardown.fetch_logs_before_down("c")
-    assert plays == ([] if fetched else ["finish.yml"])
+    assert (over_ssh, plays) == (([], []) if fetched else ([["c-chief-0"]], ["finish.yml"]))
     if fetched:
         assert "every node's log was fetched" in capsys.readouterr().out
 
@@ -194,6 +197,33 @@ def test_the_finish_stops_the_chief_only_when_asked_and_fetches_every_log(tmp_pa
     for name in env_files:
         with tarfile.open(dest / name / "collected.tar.gz") as tar:
             assert tar.extractfile("node.log").read() == f"the log of {name}\n".encode()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the role's commands run as root")
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_finish_limited_to_the_nodes_whose_end_over_ssh_failed_checks_only_those(tmp_path, fails):
+    """What tfcluster runs after a usual end over SSH failed on some nodes: finish.yml with --limit those nodes
+    and localhost; only they are finished, and its last play checks that each of them (only) reported."""
+    state, env_files = local_cluster(tmp_path, "parameter_server")
+    worker = "c-worker-1"
+    if fails:
+        inv = yaml.safe_load(state.inventory.read_text())
+        inv["all"]["children"]["worker"]["hosts"][worker]["tf_node_supervisor"] = "/bin/false"
+        state.inventory.write_text(yaml.safe_dump(inv, sort_keys=False))
+    for path in env_files.values():
+        (path.parent / "task").mkdir()
+        path.write_text("AWS_SECRET_ACCESS_KEY=x\n")
+    dest = tmp_path / "logs"
+    res = finish(state, "-e", f"tf_node_logs_dest={dest}", "--limit", f"{worker},localhost")
+    assert (res.returncode != 0) == fails, res.stdout[-3000:] + res.stderr[-3000:]
+    plays = res.stdout.split("PLAY [Stop the chief first", 1)[1].split("PLAY [Check every node reported]")[0]
+    assert {n for n in env_files if f"[{n}]" in plays} == {worker}, plays[-3000:]     # no other node's part
+    assert {n for n, path in env_files.items() if path.exists()} == set(env_files) - {worker}
+    if fails:    # its rescue removed the credentials (above) and failed it: no host left for the check's play
+        assert re.search(rf"^{worker}\s+: .*failed=1", res.stdout, re.M), res.stdout[-3000:]
+    else:        # the check's play looked at the limited node only
+        assert re.findall(r"^ok: \[localhost\] => \(item=(\S+)\)", res.stdout, re.M) == [worker], res.stdout[-3000:]
+    assert sorted(p.parent.name for p in dest.glob("*/collected.tar.gz")) == ([] if fails else [worker])
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the role's commands run as root")

@@ -74,3 +74,22 @@ def test_terminate_signals_nothing_the_check_disowns_nor_a_pid_that_is_gone():
         proc.wait()
     assert not poll.terminate(proc.pid, 0.1)                # collected: no such process (the pid is not reused
                                                             # this quickly: pids go round the whole range first)
+
+
+def test_without_pidfds_terminate_sends_sigterm_only(monkeypatch):
+    import errno
+
+    def no_pidfd(pid):
+        raise OSError(errno.ENOSYS, "no pidfd_open")
+    monkeypatch.setattr(poll.os, "pidfd_open", no_pidfd)
+    proc = _process(True)                                   # ignores SIGTERM: no SIGKILL follows without a pidfd
+    try:
+        assert poll.terminate(proc.pid, 0.1)
+        assert proc.poll() is None
+        assert not poll.terminate(proc.pid, 0.1, still_it=lambda: False)
+        proc.kill()
+        proc.wait()
+        assert not poll.terminate(proc.pid, 0.1)            # no such process
+    finally:
+        proc.kill()
+        proc.wait()

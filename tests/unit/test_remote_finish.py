@@ -68,13 +68,15 @@ def test_a_usual_end_stops_all_but_the_chief_and_fetches_each_archive_without_th
     said = "credentials: removed /etc/x\n"
     monkeypatch.setattr(remote, "run", lambda _s, node, command, timeout=30, root=True, own_session=False: ran.append(
         (node.name, command, own_session)) or subprocess.CompletedProcess(command, 0, said, ""))
-    monkeypatch.setattr(remote, "read_archive", lambda _s, node, own_session=False: _archive(node.name))
+    monkeypatch.setattr(remote, "read_archive", lambda _s, node, own_session=False: ran.append(
+        (node.name, "read", own_session)) or _archive(node.name))
     monkeypatch.setattr(training.collected, "unpack", lambda dest: [])
     monkeypatch.setattr(ansible_run, "playbook", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("playbook")))
 
     # beside the verification (console=False): each ssh in a session of its own, out of a Ctrl-C's reach
     assert training.stop_serving_and_fetch_logs(state, "r1", 3, console=False) is True
-    assert sorted(ran) == sorted((n.name, remote.finish_command(stop=n.role != "chief"), True) for n in nodes)
+    assert sorted(ran) == sorted([*((n.name, remote.finish_command(stop=n.role != "chief"), True) for n in nodes),
+                                  *((n.name, "read", True) for n in nodes)])
     for n in nodes:
         assert (state.logs / "r1" / n.name / "collected.tar.gz").read_bytes() == _archive(n.name)
     log = (state.logs / "train.log").read_text()
