@@ -102,21 +102,23 @@ def as_root(node: Node, command: str) -> str:
 
 
 def call(state: ClusterState, node: Node, command: str, timeout: float = 30, root: bool = True,
-         own_session: bool = False) -> subprocess.CompletedProcess:
+         own_session: bool = False, text: bool = True) -> subprocess.CompletedProcess:
     """Run a command on a node with root's rights (``root=False``: as the login user, without sudo's start):
     its result, or ssh's own failure as exit status 255; raises ``subprocess.TimeoutExpired``.
-    ``own_session``: ssh in a session of its own, out of reach of a Ctrl-C meant for other work."""
+    ``own_session``: ssh in a session of its own, out of reach of a Ctrl-C meant for other work; ``text=False``:
+    its output as bytes."""
+    decoded = {"text": True, "errors": "replace"} if text else {}   # a task's log may hold any bytes
     return subprocess.run(ssh_command(state, node, as_root(node, command) if root else command),
-                          capture_output=True, text=True, errors="replace",    # a task's log may hold any bytes
-                          timeout=timeout, stdin=subprocess.DEVNULL, start_new_session=own_session)
+                          capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          start_new_session=own_session, **decoded)
 
 
 def run(state: ClusterState, node: Node, command: str, timeout: float = 30, root: bool = True,
-        own_session: bool = False) -> subprocess.CompletedProcess | None:
+        own_session: bool = False, text: bool = True) -> subprocess.CompletedProcess | None:
     """:func:`call`, or None when the node does not answer (ssh's own exit status 255, or nothing within the
     timeout)."""
     try:
-        res = call(state, node, command, timeout, root, own_session)
+        res = call(state, node, command, timeout, root, own_session, text)
     except subprocess.TimeoutExpired:
         return None
     return None if res.returncode == 255 else res
@@ -155,13 +157,8 @@ def finish_command(stop: bool) -> str:
 def read_archive(state: ClusterState, node: Node, timeout: float = 60, own_session: bool = False) -> bytes | None:
     """The archive of the node's log and state that :func:`finish_command` left (root's); None when the node
     does not answer or the read fails (``own_session``: :func:`call`'s)."""
-    command = as_root(node, f"cat {COLLECT_DIR}/collected.tar.gz")
-    try:
-        res = subprocess.run(ssh_command(state, node, command), capture_output=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL, start_new_session=own_session)
-    except subprocess.TimeoutExpired:
-        return None
-    return res.stdout if res.returncode == 0 else None
+    res = run(state, node, f"cat {COLLECT_DIR}/collected.tar.gz", timeout, own_session=own_session, text=False)
+    return res.stdout if res is not None and res.returncode == 0 else None
 
 
 def task_log(state: ClusterState, node: Node, lines: int) -> str | None:
