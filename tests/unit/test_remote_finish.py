@@ -8,10 +8,7 @@ import shlex
 import subprocess
 import tarfile
 
-import jinja2
-import yaml
-
-from tests.conftest import REPO
+from tests.unit import role_vars as role_vars_of
 from tfcluster import ansible_run, remote, training
 from tfcluster.paths import ClusterState
 from tfcluster.providers.base import Node, write_nodes
@@ -20,18 +17,14 @@ from tfcluster.providers.base import Node, write_nodes
 def _role_finish_argv(role: str) -> list[str]:
     """``_tf_node_supervise_finish`` of roles/tf_node/vars/main.yml, rendered with the role's defaults for a
     run's usual end (the chief not asked to stop) whose logs the controller fetches."""
-    defaults = yaml.safe_load((REPO / "roles/tf_node/defaults/main.yml").read_text())
-    role_vars = yaml.safe_load((REPO / "roles/tf_node/vars/main.yml").read_text())
-    env = jinja2.Environment()
-    env.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).lower() in ("true", "yes", "1")
-    values = dict(defaults, tf_role=role, tf_node_stop_chief=False, tf_node_logs_dest="/logs")
-    values["_tf_node_finish_stops"] = env.from_string(role_vars["_tf_node_finish_stops"]).render(values) == "True"
-    return env.compile_expression(role_vars["_tf_node_supervise_finish"].strip().removeprefix("{{")
-                                  .removesuffix("}}"))(values)
+    role_vars = role_vars_of.load("vars")
+    values = dict(role_vars_of.load("defaults"), tf_role=role, tf_node_stop_chief=False, tf_node_logs_dest="/logs")
+    values["_tf_node_finish_stops"] = role_vars_of.evaluate(role_vars["_tf_node_finish_stops"], values)
+    return role_vars_of.evaluate(role_vars["_tf_node_supervise_finish"], values)
 
 
 def test_the_finish_over_ssh_runs_the_roles_own_command_with_its_defaults():
-    defaults = yaml.safe_load((REPO / "roles/tf_node/defaults/main.yml").read_text())
+    defaults = role_vars_of.load("defaults")
     assert (remote.TASK_DIR, remote.SUPERVISE, remote.ENV_FILE, remote.COLLECT_DIR) == (
         defaults["tf_node_state_dir"], defaults["tf_node_supervisor"], defaults["tf_node_env_file"],
         defaults["tf_node_collect_dir"])

@@ -508,10 +508,10 @@ def test_an_uncaught_keyboard_interrupt_or_a_negative_exit_ends_a_forked_task_as
 def test_the_role_starts_the_warm_interpreter_ahead_with_the_start_s_own_arguments_first_thing():
     """tf_node's start tasks run `warm` before the bundle's copy (the imports overlap the tasks after it), with
     the arguments of the task's `start` (the same environment: the same interpreter's key)."""
-    import jinja2
     import yaml
 
     from tests.conftest import REPO
+    from tests.unit import role_vars as role_vars_of
 
     tasks = yaml.safe_load((REPO / "roles/tf_node/tasks/start.yml").read_text())
     names = [t["name"] for t in tasks]
@@ -520,18 +520,16 @@ def test_the_role_starts_the_warm_interpreter_ahead_with_the_start_s_own_argumen
     assert warm_at < min(i for i, n in enumerate(names) if n.startswith(("Start the task", "Start the chief's task")))
     assert tasks[warm_at]["ansible.builtin.command"]["argv"] == "{{ _tf_node_supervise_warm }}"
 
-    role_vars = yaml.safe_load((REPO / "roles/tf_node/vars/main.yml").read_text())
-    env = jinja2.Environment()
-    env.filters["bool"] = bool
+    role_vars = role_vars_of.load("vars")
     values = {"tf_node_supervisor": "/usr/local/bin/tfc-supervise", "tf_node_state_dir": "/s", "tf_node_env_file": "/e",
               "_tf_node_has_keys": True, "tf_node_task_user": "u", "tf_node_max_restarts": 3, "tf_node_deadline": 9,
               "tf_node_preemption_notice": "", "tf_node_metadata_url": "", "tf_node_warm_dir": "/w",
               "tf_node_warm_start": True, "tf_node_python": "/py", "tf_node_run_dir": "/r"}
-    task = [env.from_string(str(a)).render(values) for a in role_vars["_tf_node_supervise_task"]]
+    task = [role_vars_of.render(a, values) for a in role_vars["_tf_node_supervise_task"]]
     values["_tf_node_supervise_task"] = task
 
     def argv(name):
-        return env.compile_expression(role_vars[name].strip().removeprefix("{{").removesuffix("}}"))(values)
+        return role_vars_of.evaluate(role_vars[name], values)
 
     assert argv("_tf_node_supervise_start") == ["/usr/local/bin/tfc-supervise", "start", "--fresh", *task]
     assert argv("_tf_node_supervise_warm") == ["/usr/local/bin/tfc-supervise", "warm", *task]
