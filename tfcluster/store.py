@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import TfclusterError
@@ -103,13 +104,15 @@ def is_running() -> bool:
     return _address_present(ip) and port_open(ip, port)
 
 
-def ensure_running(log=print) -> str:
-    """Start the local store unless it answers already; return its endpoint."""
+def start(log=print) -> Callable[[], str]:
+    """Start the local store unless it answers already, without waiting for it to answer: returns the wait,
+    which returns the store's endpoint once it answers, or raises naming its log. ``up`` provisions the nodes
+    meanwhile (the server's start is ~1 s of a core importing moto, beside Terraform's work)."""
     ip, port = store_addr()
     if ip != "127.0.0.1":
         _ensure_address(ip)
     if port_open(ip, port):
-        return local_endpoint()
+        return local_endpoint
     d = store_dir()
     d.mkdir(parents=True, exist_ok=True)
     log(f"starting the local S3 store (moto) at {local_endpoint()}")
@@ -118,11 +121,20 @@ def ensure_running(log=print) -> str:
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                                 close_fds=True)
     pid_file().write_text(f"{proc.pid}\n")
-    if wait_until(lambda: port_open(ip, port), 30, 0.1, give_up=lambda: proc.poll() is not None):
-        return local_endpoint()
-    if proc.poll() is not None:
-        raise TfclusterError(f"the local S3 store exited (code {proc.returncode}); see {d / 'store.log'}")
-    raise TfclusterError(f"the local S3 store did not answer at {local_endpoint()} within 30 s")
+
+    def answering() -> str:
+        if wait_until(lambda: port_open(ip, port), 30, 0.1, give_up=lambda: proc.poll() is not None):
+            return local_endpoint()
+        if proc.poll() is not None:
+            raise TfclusterError(f"the local S3 store exited (code {proc.returncode}); see {d / 'store.log'}")
+        raise TfclusterError(f"the local S3 store did not answer at {local_endpoint()} within 30 s")
+
+    return answering
+
+
+def ensure_running(log=print) -> str:
+    """Start the local store unless it answers already; return its endpoint once it answers."""
+    return start(log)()
 
 
 def stop(log=print) -> None:

@@ -1,0 +1,77 @@
+"""`up`'s storage step against its provisioning (tfcluster/cluster.py): the local store starts before the nodes
+are provisioned and is waited for after (its start beside Terraform's work), while another store's bucket is
+made before any node exists; a local store that fails to start fails `up` with its log named, the nodes it
+provisioned recorded for `down`."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfcluster import cluster, config, store
+from tfcluster.config import ROLES
+from tfcluster.errors import TfclusterError
+from tfcluster.paths import ClusterState
+from tfcluster.providers.base import Node, read_nodes
+
+
+class _Provider:
+    def __init__(self, events: list[str]):
+        self.events = events
+
+    def up(self, spec, public_key):
+        self.events.append("provision")
+        wanted = [(role, i) for role in ROLES for i in range(spec.count(role))]
+        return [Node(name=f"{spec.cluster}-{role}-{i}", role=role, index=i, private_ip=f"10.0.0.{10 + k}",
+                     public_ip=f"10.0.0.{10 + k}", ssh_user="debian", ssh_port=22, gpus=0)
+                for k, (role, i) in enumerate(wanted)]
+
+
+@pytest.fixture
+def events(monkeypatch, home):
+    monkeypatch.setenv("TFCLUSTER_HOME", str(home))
+    said: list[str] = []
+
+    def start(log):
+        said.append("store start")
+
+        def answering():
+            said.append("store answers")
+            return store.local_endpoint()
+        return answering
+
+    monkeypatch.setattr(store, "start", start)
+    monkeypatch.setattr(store, "client", lambda spec: None)
+    monkeypatch.setattr(store, "ensure_bucket", lambda s3, bucket, region: said.append(f"bucket {bucket}"))
+    monkeypatch.setattr(cluster, "wait_for_ssh", lambda state, nodes, timeout: said.append("ssh"))
+    monkeypatch.setattr(cluster, "ensure_ssh_key", lambda state: "ssh-ed25519 AAAA test")
+    return said
+
+
+def test_the_local_store_starts_before_the_nodes_and_its_bucket_is_made_after_them(events):
+    spec = config.resolve({"cluster": "tfct-upst"})
+    assert store.is_local_store(spec)
+    cluster.up(spec, _Provider(events))
+    assert events == ["store start", "provision", "store answers", f"bucket {spec.storage.bucket}", "ssh"]
+
+
+def test_another_stores_bucket_is_made_before_any_node_exists(events):
+    spec = config.resolve({"cluster": "tfct-upst", "storage": {"endpoint": "http://10.9.9.9:9000"}})
+    assert not store.is_local_store(spec)
+    cluster.up(spec, _Provider(events))
+    assert events == [f"bucket {spec.storage.bucket}", "provision", "ssh"]
+
+
+def test_a_local_store_that_fails_to_start_fails_up_with_the_nodes_recorded(events, monkeypatch):
+    def start(log):
+        def answering():
+            raise TfclusterError("the local S3 store exited (code 1); see store.log")
+        return answering
+
+    monkeypatch.setattr(store, "start", start)
+    spec = config.resolve({"cluster": "tfct-upst"})
+    provider = _Provider(events)
+    with pytest.raises(TfclusterError, match="store exited"):
+        cluster.up(spec, provider)
+    assert events == ["provision"]
+    assert [n.name for n in read_nodes(ClusterState(spec.cluster).nodes)] == \
+        ["tfct-upst-ps-0", "tfct-upst-worker-0", "tfct-upst-worker-1", "tfct-upst-chief-0"]  # what `down` removes
