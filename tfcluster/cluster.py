@@ -81,11 +81,11 @@ def ctrl_c_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def prepare_storage(spec: RunSpec, started: Callable[[], str] | None = None) -> None:
-    """Start the local store when the run uses it (or wait for the start :func:`tfcluster.store.start` made,
-    ``started``: its wait), and make sure the bucket exists."""
-    if store.is_local_store(spec):
-        (started or store.start(log=say))()
+def prepare_storage(spec: RunSpec, starting: Callable[[], str] | None = None) -> None:
+    """Start the local store when the run uses it and it is not running (or wait for the start
+    :func:`tfcluster.store.start` made, ``starting``: its wait), and make sure the bucket exists."""
+    if store.is_local_store(spec) and (starting := starting or store.start(log=say)):
+        starting()
     s3 = store.client(spec)
     store.ensure_bucket(s3, spec.storage.bucket, spec.storage.region)
     say(f"storage: s3://{spec.storage.bucket}/ at {store.endpoint_for(spec) or 'AWS S3'}")
@@ -213,12 +213,12 @@ def up(spec: RunSpec, provider: Provider | None = None) -> list[Node]:
     state.dir.mkdir(parents=True, exist_ok=True)
     save_spec(state, spec)
     public_key = ensure_ssh_key(state)
-    # A cloud's bucket is made (or found) before any node exists. The local store starts while Terraform
-    # provisions (moto's import beside its work: ~0.8 s less on 4 local nodes), and its bucket is made after:
-    # a local store that fails to start fails `up` once the nodes exist, as a failed provisioning does ('make
-    # down' removes them; `make all` runs it)
-    started = store.start(log=say) if store.is_local_store(spec) else None
-    if started is None:
+    # The bucket is made (or found) before any node exists, but where the local store is not running yet: it
+    # starts while Terraform provisions (moto's import beside its work: 0.7 s less on 4 local nodes), and its
+    # bucket is made after. A store that fails to start then fails `up` once the nodes exist, naming 'make
+    # down' as a failed provisioning does (`make all` runs it)
+    starting = store.start(log=say) if store.is_local_store(spec) else None
+    if starting is None:
         with phase("storage"):
             prepare_storage(spec)
     with phase(f"provision {spec.node_total} nodes on provider {spec.provider}"):
@@ -229,9 +229,13 @@ def up(spec: RunSpec, provider: Provider | None = None) -> list[Node]:
                                  f"whatever was created") from None
     write_nodes(state.nodes, nodes)
     inventory.write(state, nodes, spec.network.tf_port, spec.strategy)
-    if started is not None:
+    if starting is not None:
         with phase("storage"):
-            prepare_storage(spec, started)
+            try:
+                prepare_storage(spec, starting)
+            except TfclusterError as exc:
+                raise ProvisionError(f"{exc}\nthe nodes are up; 'make down CLUSTER={spec.cluster}' removes them") \
+                    from None
     with phase("wait for SSH on every node"):
         wait_for_ssh(state, nodes, spec.ssh.timeout_seconds)
     print_nodes(nodes)

@@ -104,15 +104,15 @@ def is_running() -> bool:
     return _address_present(ip) and port_open(ip, port)
 
 
-def start(log=print) -> Callable[[], str]:
-    """Start the local store unless it answers already, without waiting for it to answer: returns the wait,
-    which returns the store's endpoint once it answers, or raises naming its log. ``up`` provisions the nodes
-    meanwhile (the server's start is ~1 s of a core importing moto, beside Terraform's work)."""
+def start(log=print) -> Callable[[], str] | None:
+    """Start the local store unless it answers already (None), without waiting for it to answer: returns the
+    wait, which returns the store's endpoint once it answers, or raises naming its log. ``up`` provisions the
+    nodes meanwhile (the server's start is ~1 s of a core importing moto, beside Terraform's work)."""
     ip, port = store_addr()
     if ip != "127.0.0.1":
         _ensure_address(ip)
     if port_open(ip, port):
-        return local_endpoint
+        return None
     d = store_dir()
     d.mkdir(parents=True, exist_ok=True)
     log(f"starting the local S3 store (moto) at {local_endpoint()}")
@@ -134,7 +134,8 @@ def start(log=print) -> Callable[[], str]:
 
 def ensure_running(log=print) -> str:
     """Start the local store unless it answers already; return its endpoint once it answers."""
-    return start(log)()
+    starting = start(log)
+    return starting() if starting else local_endpoint()
 
 
 def stop(log=print) -> None:

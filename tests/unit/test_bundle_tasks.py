@@ -34,9 +34,16 @@ def _start_bundle(tmp_path, bundle, bundle_id) -> str:
     return res.stdout
 
 
-def _copied(out: str) -> bool:
-    section = out.split("TASK [tf_node : Copy the harness bundle]")[1].split("TASK [")[0]
+def _changed(out: str, task: str) -> bool:
+    section = out.split(f"TASK [tf_node : {task}]")[1].split("TASK [")[0]
     return "changed: [localhost]" in section
+
+
+def _copied(out: str) -> bool:
+    """The bundle copied and unpacked (both or neither)."""
+    copied, unpacked = _changed(out, "Copy the harness bundle"), _changed(out, "Unpack the harness bundle")
+    assert copied == unpacked, out
+    return copied
 
 
 def test_a_bundle_is_copied_once_per_id_and_an_older_id_never_skips_a_later_bundle(tmp_path):
@@ -64,3 +71,5 @@ def test_a_bundle_is_copied_once_per_id_and_an_older_id_never_skips_a_later_bund
         {p.relative_to(TRAIN_DIR).as_posix() for p in TRAIN_DIR.glob("models/*.py")}
     for folder in ("tfc_harness", "tfc_harness/formats", "models"):
         assert (harness / folder).stat().st_mode & 0o777 == 0o755
+    assert {p.stat().st_mode & 0o777 for p in harness.rglob("*.py")} == {0o644}
+    assert {(p.stat().st_uid, p.stat().st_gid) for p in harness.rglob("*")} == {(0, 0)}
