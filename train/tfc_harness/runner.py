@@ -10,7 +10,6 @@ allocator (:data:`ALLOCATOR_ENV`).  The thread pools are sized
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import shutil
 import sys
@@ -133,10 +132,7 @@ def main(raw_settings: dict) -> int:
     """Run this node's part; returns the process exit code (0 success, 1 failure, 2 bad settings,
     3 chief timeout, 4 chief stalled, 5 preempted after saving, 6 a failure a restart would repeat).
     Serving tasks only return on failure: they serve until killed (SIGINT, SIGKILL; SIGTERM and SIGUSR1 are a
-    preemption notice). A crash (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL: inside TensorFlow's C++, a library's)
-    first writes every thread's Python stack to the node's log, then ends the task as the signal does (the
-    supervisor sees the same exit status)."""
-    faulthandler.enable(all_threads=True)
+    preemption notice)."""
     set_tf_env()
     preemption.listen()
     try:
