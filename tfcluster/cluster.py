@@ -10,7 +10,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from . import inventory, job, poll, remote, runrecord, store
@@ -81,11 +81,15 @@ def ctrl_c_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def prepare_storage(spec: RunSpec, starting: Callable[[], str] | None = None) -> None:
-    """Start the local store when the run uses it and it is not running (or wait for the start
-    :func:`tfcluster.store.start` made, ``starting``: its wait), and make sure the bucket exists."""
-    if store.is_local_store(spec) and (starting := starting or store.start(log=say)):
-        starting()
+def prepare_storage(spec: RunSpec) -> None:
+    """Start the local store when the run uses it, and make sure the bucket exists."""
+    if store.is_local_store(spec):
+        store.ensure_running(log=say)
+    make_bucket(spec)
+
+
+def make_bucket(spec: RunSpec) -> None:
+    """Make sure the run's bucket exists (its store answering)."""
     s3 = store.client(spec)
     store.ensure_bucket(s3, spec.storage.bucket, spec.storage.region)
     say(f"storage: s3://{spec.storage.bucket}/ at {store.endpoint_for(spec) or 'AWS S3'}")
@@ -220,7 +224,7 @@ def up(spec: RunSpec, provider: Provider | None = None) -> list[Node]:
     starting = store.start(log=say) if store.is_local_store(spec) else None
     if starting is None:
         with phase("storage"):
-            prepare_storage(spec)
+            make_bucket(spec)
     with phase(f"provision {spec.node_total} nodes on provider {spec.provider}"):
         try:
             nodes = provider.up(spec, public_key)
@@ -232,7 +236,8 @@ def up(spec: RunSpec, provider: Provider | None = None) -> list[Node]:
     if starting is not None:
         with phase("storage"):
             try:
-                prepare_storage(spec, starting)
+                starting()
+                make_bucket(spec)
             except TfclusterError as exc:
                 raise ProvisionError(f"{exc}\nthe nodes are up; 'make down CLUSTER={spec.cluster}' removes them") \
                     from None

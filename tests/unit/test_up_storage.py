@@ -55,8 +55,7 @@ def test_a_running_local_stores_bucket_is_made_before_any_node_exists(events, mo
     monkeypatch.setattr(store, "start", lambda log: events.append("store answers already"))   # None: running
     spec = config.resolve({"cluster": "tfct-upst"})
     cluster.up(spec, _Provider(events))
-    assert events == ["store answers already", "store answers already", f"bucket {spec.storage.bucket}",
-                      "provision", "ssh"]
+    assert events == ["store answers already", f"bucket {spec.storage.bucket}", "provision", "ssh"]
 
 
 def test_the_local_store_starts_before_the_nodes_and_its_bucket_is_made_after_them(events):
