@@ -11,11 +11,12 @@ import sys
 
 import pytest
 
+from tests.unit.test_inventory import make_nodes
 from tfcluster import cluster, config, store
 from tfcluster.config import ROLES
 from tfcluster.errors import ProvisionError, TfclusterError
 from tfcluster.paths import ClusterState
-from tfcluster.providers.base import Node, read_nodes
+from tfcluster.providers.base import read_nodes
 
 
 class _Provider:
@@ -24,10 +25,7 @@ class _Provider:
 
     def up(self, spec, public_key):
         self.events.append("provision")
-        wanted = [(role, i) for role in ROLES for i in range(spec.count(role))]
-        return [Node(name=f"{spec.cluster}-{role}-{i}", role=role, index=i, private_ip=f"10.0.0.{10 + k}",
-                     public_ip=f"10.0.0.{10 + k}", ssh_user="debian", ssh_port=22, gpus=0)
-                for k, (role, i) in enumerate(wanted)]
+        return make_nodes(*(spec.count(role) for role in ROLES))
 
 
 @pytest.fixture
@@ -86,7 +84,7 @@ def test_a_local_store_that_fails_to_start_fails_up_with_the_nodes_recorded(even
     assert "'make down CLUSTER=tfct-upst' removes them" in str(failed.value)
     assert events == ["provision"]
     assert [n.name for n in read_nodes(ClusterState(spec.cluster).nodes)] == \
-        ["tfct-upst-ps-0", "tfct-upst-worker-0", "tfct-upst-worker-1", "tfct-upst-chief-0"]  # what `down` removes
+        ["c-ps-0", "c-worker-0", "c-worker-1", "c-chief-0"]  # what `down` removes
 
 
 def test_a_store_server_that_exits_is_named_with_its_log(monkeypatch, home):
