@@ -22,10 +22,18 @@ if {prepare!r}:
 x = tf.ones([512, 512]) * 2.0             # the first op makes the CPU allocator
 try:
     stats = tf.config.experimental.get_memory_info("CPU:0")
-except ValueError as exc:                 # the default allocator keeps no statistics
+except ValueError as exc:                 # TensorFlow's plain CPU allocator keeps no statistics
     stats = str(exc)
-print(json.dumps([stats, os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB")]))
+try:                                      # more than the BFC allocator's limit, where a test sets one
+    big = tf.zeros([{big_mb} << 18], tf.float32) + 1.0
+    fits = bool(big[0] == 1.0)
+except tf.errors.ResourceExhaustedError:
+    fits = False
+print(json.dumps([stats, os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB"), fits]))
 """
+#: a tensor of this many MiB, against a limit of SMALL_LIMIT_MB: only the BFC allocator enforces the limit
+BIG_MB = 192
+SMALL_LIMIT_MB = "128"
 
 
 def warm_preload() -> list[str]:
@@ -38,28 +46,37 @@ def warm_preload() -> list[str]:
 
 
 def _probe(tmp_path, prepare: bool, env: dict | None = None):
-    source = PROBE.format(train=str(TRAIN_DIR), prepare=prepare, preload=warm_preload(),
+    source = PROBE.format(train=str(TRAIN_DIR), prepare=prepare, preload=warm_preload(), big_mb=BIG_MB,
                           settings=json.dumps(example_settings(state_dir=str(tmp_path / "state"))))
     return json.loads(run_probe(tmp_path, source, env=env).splitlines()[-1])
 
 
 def test_a_prepared_task_allocates_its_tensors_from_tensorflows_bfc_allocator(tmp_path):
-    stats, limit = _probe(tmp_path, prepare=True)
+    stats, limit, fits = _probe(tmp_path, prepare=True)
     assert isinstance(stats, dict) and stats["peak"] >= 512 * 512 * 4, stats
     assert "tensorflow" in warm_preload()
     assert int(limit) == runner.memory_mb() > 0      # the task's memory, not TensorFlow's 64 GiB
+    assert fits                                      # BIG_MB is far below it
+
+
+def test_a_prepared_tasks_allocator_holds_to_its_limit(tmp_path):
+    """The limit is the BFC allocator's: a tensor above it fails to allocate. (Statistics alone do not tell
+    the allocators apart: where oneDNN's operations are on, as on CPUs with AVX512_VNNI, TensorFlow's default
+    CPU allocator keeps them too.)"""
+    _, limit, fits = _probe(tmp_path, prepare=True, env={"TF_CPU_BFC_MEM_LIMIT_IN_MB": SMALL_LIMIT_MB})
+    assert limit == SMALL_LIMIT_MB and not fits
 
 
 def test_without_the_task_environment_tensorflow_uses_its_default_allocator(tmp_path):
-    """The check above can fail: the default CPU allocator answers with an error, not statistics."""
-    stats, _ = _probe(tmp_path, prepare=False)
-    assert "not available" in stats
+    """The check above can fail: TensorFlow's default CPU allocator does not hold to the BFC limit."""
+    _, limit, fits = _probe(tmp_path, prepare=False, env={"TF_CPU_BFC_MEM_LIMIT_IN_MB": SMALL_LIMIT_MB})
+    assert limit == SMALL_LIMIT_MB and fits
 
 
 def test_an_operator_can_turn_it_off_or_set_its_limit(tmp_path):
-    stats, limit = _probe(tmp_path, prepare=True, env={"TF_CPU_ALLOCATOR_USE_BFC": "false",
-                                                       "TF_CPU_BFC_MEM_LIMIT_IN_MB": "512"})
-    assert "not available" in stats and limit == "512"
+    _, limit, fits = _probe(tmp_path, prepare=True, env={"TF_CPU_ALLOCATOR_USE_BFC": "false",
+                                                          "TF_CPU_BFC_MEM_LIMIT_IN_MB": SMALL_LIMIT_MB})
+    assert limit == SMALL_LIMIT_MB and fits           # off: the limit, kept as the operator set it, binds nothing
 
 
 def test_the_task_memory_is_the_lowest_of_the_machines_and_its_cgroups(tmp_path, monkeypatch):
