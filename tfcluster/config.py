@@ -395,6 +395,10 @@ class Training(Section):
         300, description="how long the chief waits for every ps and worker before failing")
     checkpoint_every: Int(1, 10_000_000) = Field(
         100, description="checkpoint (copied to S3) every N steps and at the end")
+    checkpoint_min_interval_seconds: Int(0, 86400) = Field(
+        30, description="at most one checkpoint per this many seconds: the first checkpoint_every boundary "
+                        "after it has passed saves (0: every boundary); the last step and a preemption "
+                        "notice always save")
     hparams: Annotated[dict[str, str | int | float | bool], BeforeValidator(_hparams)] = Field(
         default_factory=dict, description="passed to the model module's build_model(hparams)")
 

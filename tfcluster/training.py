@@ -108,6 +108,7 @@ def run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
         "batch_size": spec.training.batch_size,
         "learning_rate": spec.training.learning_rate,
         "checkpoint_every": spec.training.checkpoint_every,
+        "checkpoint_min_interval_s": spec.training.checkpoint_min_interval_seconds,
         "max_runtime_s": spec.max_runtime_minutes * 60,
         "start_timeout_s": spec.training.start_timeout_seconds,
         "stall_timeout_s": spec.training.stall_timeout_seconds,

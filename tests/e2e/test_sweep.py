@@ -43,7 +43,7 @@ strategy: multi_worker_mirrored
 nodes:
   ps: {{count: 0}}
   worker: {{count: 1}}
-training: {{steps: {SHORT}, checkpoint_every: 100}}
+training: {{steps: {SHORT}, checkpoint_every: 100, checkpoint_min_interval_seconds: 0}}   # resumed from step 200+
 """
 SWEEP_FILE = f"""
 name: steps-lr

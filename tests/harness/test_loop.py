@@ -11,20 +11,22 @@ import pytest
 from harness_support import free_port
 from tfc_harness import loop
 from tfc_harness.peers import PeerMonitor
+from tfc_harness.preemption import Preempted
 from tfc_harness.status import ChiefState
 
 
 class Agreed:
-    """Notices whose tasks always agree on ``chunk`` steps a call (the fixed chunks make these tests exact)."""
+    """Notices whose tasks always agree on ``chunk`` steps a call (the fixed chunks make these tests exact),
+    and on this task's own ``due``, unless ``due`` is given: then on that."""
 
     who = ""
 
-    def __init__(self, chunk: int):
-        self.chunk, self.proposed = chunk, []
+    def __init__(self, chunk: int, due: bool | None = None):
+        self.chunk, self.due, self.proposed = chunk, due, []
 
-    def agree(self, chunk: int) -> int:
-        self.proposed.append(chunk)
-        return self.chunk
+    def agree(self, chunk: int, due: bool) -> tuple[int, bool]:
+        self.proposed.append((chunk, due))
+        return self.chunk, due if self.due is None else self.due
 
 
 @pytest.mark.parametrize("step, every, total, boundary", [(0, 100, 300, 100), (100, 100, 300, 200),
@@ -119,7 +121,59 @@ def test_each_call_runs_the_chunk_the_tasks_agreed_on_and_proposes_its_own_from_
     # steps left to one in a single call when they are at most half a chunk more: 8, not 7 and 1)
     assert calls == [10, 7, 8, 7, 7, 7, 4, 10]
     assert len(agreed.proposed) == len(calls) - 1       # asked after every call but the last
-    assert all(30 <= p <= 600 for p in agreed.proposed), agreed.proposed   # its own time: ~0.5 s of steps
+    assert all(30 <= p <= 600 and due for p, due in agreed.proposed), agreed.proposed   # its own time: ~0.5 s
+
+
+def test_a_checkpoint_waits_for_the_first_boundary_after_the_minimum_interval(tmp_path, monkeypatch):
+    """Fast steps: at most one checkpoint per ``min_interval_s``, each at a boundary; the last step always.
+    (Calls of ~20 ms here, as the loop's 0.5 s calls are against a minimum interval of seconds.)"""
+    monkeypatch.setattr(loop, "next_chunk", functools.partial(loop.next_chunk, target_s=0.02))
+    saves = []
+
+    def train_fn(n):
+        time.sleep(0.002 * n)       # ~2 ms a step: 10 steps between boundaries take ~20 ms
+        return [0.5] * n
+
+    started = time.monotonic()
+    loop.train(train_fn, ChiefState(tmp_path, total=300), examples_per_step=4, checkpoint_every=10,
+               save=lambda step: saves.append((step, time.monotonic())), min_interval_s=0.15)
+    steps = [step for step, _ in saves]
+    assert steps[-1] == 300 and all(step % 10 == 0 for step in steps), steps
+    assert 2 <= len(steps) < 30, steps               # not all 30 boundaries: ~0.6 s of steps, one save per 0.15 s
+    times = [started] + [at for _, at in saves]
+    assert all(later - earlier >= 0.15 for earlier, later in zip(times, times[1:-1])), times   # but the last
+
+
+def test_no_checkpoint_but_the_last_when_the_run_is_shorter_than_the_interval(tmp_path):
+    saved = []
+    loop.train(lambda n: [0.5] * n, ChiefState(tmp_path, total=250), examples_per_step=4, checkpoint_every=100,
+               save=saved.append, min_interval_s=3600)
+    assert saved == [250]
+
+
+@pytest.mark.parametrize("interval, agreed_due, saved", [(3600, True, [25, 50, 60]), (0, False, [60])])
+def test_the_tasks_agreement_decides_whether_a_checkpoint_is_due(tmp_path, interval, agreed_due, saved):
+    """Under a synchronous strategy every task must save the same checkpoints: the agreed ``due`` wins over
+    this task's clock (asked after the first call, at step 10, before the first boundary)."""
+    saves = []
+    loop.train(lambda n: [0.5] * n, ChiefState(tmp_path, total=60), examples_per_step=4, checkpoint_every=25,
+               save=saves.append, notices=Agreed(7, due=agreed_due), min_interval_s=interval)
+    assert saves == saved
+
+
+def test_a_preemption_notice_saves_the_step_reached_though_no_checkpoint_was_due(tmp_path):
+    class NoticeAtSecondCall:
+        who, asked = "worker 0", 0
+
+        def agree(self, chunk, due):
+            self.asked += 1
+            return (10, due) if self.asked == 1 else None
+
+    saved = []
+    with pytest.raises(Preempted):
+        loop.train(lambda n: [0.5] * n, ChiefState(tmp_path, total=300), examples_per_step=4,
+                   checkpoint_every=100, save=saved.append, notices=NoticeAtSecondCall(), min_interval_s=3600)
+    assert saved == [20]
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
@@ -171,7 +225,7 @@ def test_a_preemption_save_is_refused_too_when_the_weights_are_not_finite(tmp_pa
     class Notice:
         who = "worker 0"
 
-        def agree(self, chunk):
+        def agree(self, chunk, due):
             return None
 
     with pytest.raises(loop.Diverged, match=r"in steps 1-10: .*\(no checkpoint was saved yet\)"):

@@ -21,8 +21,9 @@ def test_example_is_valid_and_normalised():
                          ("worker/1", "10.0.0.4:2222")]
     assert json.loads(s.tf_config_json()) == raw["tf_config"]
     assert set(s.to_dict()) == set(raw) | {"strategy", "start_timeout_s", "stall_timeout_s", "data", "hparams",
-                                              "threads"}
+                                              "threads", "checkpoint_min_interval_s"}
     assert s.data is None and s.hparams == {}      # the module's arrays under s3.dataset_prefix
+    assert s.checkpoint_min_interval_s == 0        # optional: a checkpoint at every checkpoint_every boundary
     assert s.start_timeout_s is None   # optional: the chief then waits up to max_runtime_s
 
 

@@ -53,7 +53,8 @@ def test_parameter_server_roles():
         node = cls(validate(raw))
         assert node.runs_loop() is loops
         assert node.writes_published_checkpoints() is node.publishes() is (role == "chief")
-        assert node.agree(False, 12) == (False, 12) and node.agree(True, 3) == (True, 3)   # its own
+        assert node.agree(False, 12, True) == (False, 12, True)     # its own
+        assert node.agree(True, 3, False) == (True, 3, False)
         assert node.prefers_local_checkpoints() is True
     chief = cls(validate(example_settings(state_dir="/srv/state")))
     assert str(chief.checkpoint_dir()) == "/srv/state/checkpoints/20261122-0415-ab12"
@@ -148,16 +149,18 @@ from tfc_harness.settings import validate
 import tensorflow as tf
 node = multi_worker.MultiWorkerMirrored(validate(example_settings(strategy="multi_worker_mirrored")))
 node.tf_strategy = tf.distribute.MultiWorkerMirroredStrategy()      # one task, no TF_CONFIG: a local one
-for stop, chunk in ((False, 37), (True, 5), (False, 0), (False, 1 << 40)):
-    print(stop, chunk, *node.agree(stop, chunk))
+for stop, chunk, due in ((False, 37, True), (True, 5, False), (False, 0, False), (False, 1 << 40, True)):
+    print(stop, chunk, due, *node.agree(stop, chunk, due))
 """
 
 
 def test_multi_worker_mirrored_agrees_on_stopping_and_on_the_next_chunk_through_one_reduction(tmp_path):
     """One task's own values come back (a sum over one task); a chunk is at least 1 and at most MAX_CHUNK.
-    The agreement between several tasks runs in test_e2e_mwms (3 tasks): calls that differed would hang it."""
+    The agreement between several tasks runs in test_e2e_mwms (3 tasks): calls or checkpoints that differed
+    would hang it."""
     from tfc_harness import multi_worker
 
     out = run_probe(tmp_path, AGREE_PROBE.format(train=str(TRAIN_DIR)), env={"PYTHONPATH": str(Path(__file__).parent)})
-    assert out.splitlines()[-4:] == ["False 37 False 37", "True 5 True 5", "False 0 False 1",
-                                     f"False {1 << 40} False {multi_worker.MAX_CHUNK}"]
+    assert out.splitlines()[-4:] == ["False 37 True False 37 True", "True 5 False True 5 False",
+                                     "False 0 False False 1 False",
+                                     f"False {1 << 40} True False {multi_worker.MAX_CHUNK} True"]

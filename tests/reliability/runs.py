@@ -27,13 +27,19 @@ TASK = "/var/lib/tfcluster/task"
 _CHILD_PID = f"json.load(open('{TASK}/supervisor.json'))['child_pid']"
 
 
+#: the scenarios' faults land at checkpoints of given steps (``checkpoint saved at step N``), and their runs
+#: last seconds: a checkpoint at every ``checkpoint_every`` boundary, not at most one each 30 s (the default)
+EVERY_BOUNDARY = ["--set", "training.checkpoint_min_interval_seconds=0"]
+
+
 class Train:
-    """`tfcluster train --skip-configure` on ``cluster`` in the background, with its output in a file."""
+    """`tfcluster train --skip-configure` on ``cluster`` in the background, with its output in a file; a
+    checkpoint at every boundary (:data:`EVERY_BOUNDARY`, before ``args``)."""
 
     def __init__(self, env: dict, cluster: str, *args: str):
         self.out = Path(env["TFCLUSTER_HOME"]) / f"train-{time.monotonic_ns()}.log"
         self.proc = subprocess.Popen([PYTHON, "-m", "tfcluster", "train", "--skip-configure", "--cluster", cluster,
-                                      *args], cwd=REPO, env=env, stdout=open(self.out, "w"),
+                                      *EVERY_BOUNDARY, *args], cwd=REPO, env=env, stdout=open(self.out, "w"),
                                      stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=interruptible)
         self.args = self.proc.args

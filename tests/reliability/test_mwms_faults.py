@@ -39,6 +39,7 @@ network: {{subnet: {SUBNET}}}
 training:
   steps: {STEPS}
   checkpoint_every: {CHECKPOINT_EVERY}
+  checkpoint_min_interval_seconds: 0      # the faults land at checkpoints of given steps
   learning_rate: 0.005
   stall_timeout_seconds: {STALL_S}
 """

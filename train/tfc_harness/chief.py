@@ -163,7 +163,8 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
             watchdogs.StallWatchdog(state, settings.stall_timeout_s or watchdogs.DEFAULT_STALL_TIMEOUT_S), \
             preemption.Notices(settings, watch_s3, strategy.agree) as notices, saver.uploads():
         loop_time = loop.train(train_fn, state, examples_per_step=strategy.examples_per_step(),
-                                   checkpoint_every=settings.checkpoint_every, save=save,
+                                   checkpoint_every=settings.checkpoint_every,
+                                   min_interval_s=settings.checkpoint_min_interval_s, save=save,
                                    on_report=job.summaries.training,
                                    notices=notices, finite=saver.finite, round_steps=strategy.steps_per_round)
     return Trained(model, restored, loop_time, monitor)

@@ -3,8 +3,10 @@
 How steps run is the strategy's ``train(n)`` (:meth:`tfc_harness.strategies.Strategy.make_train_fn`); what
 a step computes is :mod:`tfc_harness.steps`; saving is :class:`tfc_harness.saver.Saver`.  Chunks adapt so
 that each ``train(n)`` call takes about :data:`CHUNK_TARGET_S` (dispatch has a fixed cost per call), never
-crossing a checkpoint boundary; where the tasks all run this loop in lockstep they agree on each chunk
-(:meth:`tfc_harness.strategies.Strategy.agree`, through :meth:`tfc_harness.preemption.Notices.agree`).
+crossing a checkpoint boundary that is due (:func:`train`: a boundary saves once ``min_interval_s`` passed
+since the last checkpoint); where the tasks all run this loop in lockstep they agree on each chunk and on
+whether a checkpoint is due (:meth:`tfc_harness.strategies.Strategy.agree`, through
+:meth:`tfc_harness.preemption.Notices.agree`).
 """
 
 from __future__ import annotations
@@ -99,17 +101,24 @@ def _report(state: ChiefState, progress: Progress, step: int, losses: list[float
 def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples_per_step: int,
           checkpoint_every: int, save: Callable[[int], None],
           on_report: Callable[[int, float, float], None] | None = None, notices=None,
-          finite: Callable[[], bool] = lambda: True, round_steps: Callable[[], int] = lambda: 1) -> LoopTime:
+          finite: Callable[[], bool] = lambda: True, round_steps: Callable[[], int] = lambda: 1,
+          min_interval_s: float = 0.0) -> LoopTime:
     """Run ``train_fn`` from ``state.step`` to ``state.total``; returns how long it took (:class:`LoopTime`).
 
+    A checkpoint is saved at the first ``checkpoint_every`` boundary after ``min_interval_s`` have passed
+    since the last one (the loop's start counts as one; 0: at every boundary), and always at the last step:
+    at a fixed number of steps, a fast model's checkpoints came several times a second (digits: every
+    ~0.5 s at 100 steps, each stopping the workers and costing the chief and the ps CPU beside them).
+    Whether one is due is this task's clock, agreed between the tasks with the chunk.
     Chunks adapt to how long calls take (:func:`next_chunk`).  ``on_report(step, loss,
     examples_per_sec)`` is called with each progress line (the TensorBoard summaries).  A loss that is NaN or
     infinite raises :class:`Diverged` before anything of that call is reported or saved, and so does
     ``finite()`` returning False before a save (a step's loss comes before its update, so the weights are
     asked too: :func:`tfc_harness.steps.all_finite`).  ``notices``
-    (:class:`tfc_harness.preemption.Notices`) is asked after each chunk for the next one: on a preemption
-    notice the step reached is saved at once and :class:`tfc_harness.preemption.Preempted` raised.  A
-    synchronous strategy's tasks must all pass theirs: its agreement keeps their calls the same.
+    (:class:`tfc_harness.preemption.Notices`) is asked after each chunk for the next one and whether a
+    checkpoint is due: on a preemption notice the step reached is saved at once (unless it just was) and
+    :class:`tfc_harness.preemption.Preempted` raised.  A synchronous strategy's tasks must all pass theirs:
+    its agreement keeps their calls and their checkpoints the same.
     ``round_steps()`` is the fewest steps of a call that keep every training task busy
     (:meth:`tfc_harness.strategies.Strategy.steps_per_round`): chunks are whole rounds of it, but where a
     checkpoint boundary cuts one short."""
@@ -118,7 +127,8 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
     state.report("training")
     chunk = FIRST_CHUNK
     first_call: tuple[int, float] | None = None
-    saved = step
+    saved, saved_at = step, time.monotonic()
+    due = min_interval_s <= 0
 
     def save_finite(at: int) -> None:
         if not finite():
@@ -127,7 +137,7 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
         save(at)
 
     while step < total:
-        boundary = next_boundary(step, checkpoint_every, total)
+        boundary = next_boundary(step, checkpoint_every, total) if due else total
         n = max(1, call_steps(chunk, boundary - step))
         started = time.monotonic()
         losses = train_fn(n)
@@ -138,12 +148,13 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
         _report(state, progress, step, losses, on_report)
         if step == boundary:
             save_finite(step)
-            saved = step
+            saved, saved_at = step, time.monotonic()
+        due = time.monotonic() - saved_at >= min_interval_s
         if notices is not None and step < total:
-            agreed = notices.agree(chunk)
+            agreed = notices.agree(chunk, due)
             if agreed is None:
-                if step != boundary:
+                if step != saved:
                     save_finite(step)
                 raise Preempted(step, notices.who)
-            chunk = agreed
+            chunk, due = agreed
     return LoopTime(progress.elapsed(), *(first_call or (0, 0.0)))

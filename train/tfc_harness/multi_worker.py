@@ -78,9 +78,10 @@ class MultiWorkerMirrored(Strategy):
 
         return train
 
-    def agree(self, stop: bool, chunk: int) -> tuple[bool, int]:
-        """One all-reduce of every task's (stop, chunk) per call: any task's notice stops every task at the same
-        step, and all run the mean of their proposed chunks next (a sum, the same on every task)."""
+    def agree(self, stop: bool, chunk: int, due: bool) -> tuple[bool, int, bool]:
+        """One all-reduce of every task's (stop, chunk, due) per call: any task's notice stops every task at the
+        same step, all run the mean of their proposed chunks next (a sum, the same on every task), and a
+        checkpoint any task finds due is due on every task (each must save it)."""
         import tensorflow as tf
 
         if not hasattr(self, "_sum"):
@@ -92,9 +93,9 @@ class MultiWorkerMirrored(Strategy):
                 return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
             self._sum = sum_over_replicas
-        mine = tf.constant([1 if stop else 0, min(max(chunk, 1), MAX_CHUNK)], tf.int64)
-        flags, chunks = (int(v) for v in self._sum(mine))
-        return flags > 0, max(1, chunks // self.tf_strategy.num_replicas_in_sync)
+        mine = tf.constant([1 if stop else 0, min(max(chunk, 1), MAX_CHUNK), 1 if due else 0], tf.int64)
+        flags, chunks, dues = (int(v) for v in self._sum(mine))
+        return flags > 0, max(1, chunks // self.tf_strategy.num_replicas_in_sync), dues > 0
 
     def examples_per_step(self) -> int:
         return self.settings.batch_size * self.settings.num_training_tasks

@@ -87,7 +87,7 @@ class Notices:
 
     def __init__(self, settings, client=None, agree=None):
         self.settings, self.client = settings, client
-        self._agree = agree or (lambda stop, chunk: (stop, chunk))
+        self._agree = agree or (lambda stop, chunk, due: (stop, chunk, due))
         self.who = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True, name="preemption-notices")
@@ -112,11 +112,12 @@ class Notices:
                 self.who = ", ".join(keys)
                 NOTICE.set()
 
-    def agree(self, chunk: int) -> int | None:
-        """The steps of the next call (this task's ``chunk``, or what the training tasks agreed), or None when
-        they stop now: this task's notice, another's marker, or under a synchronous strategy any task's."""
-        stop, agreed = self._agree(NOTICE.is_set(), chunk)
+    def agree(self, chunk: int, due: bool) -> tuple[int, bool] | None:
+        """The steps of the next call and whether a checkpoint is due (this task's ``chunk`` and ``due``, or what
+        the training tasks agreed), or None when they stop now: this task's notice, another's marker, or under
+        a synchronous strategy any task's."""
+        stop, agreed, due = self._agree(NOTICE.is_set(), chunk, due)
         if not stop:
-            return agreed
+            return agreed, due
         self.who = self.who or (f"{self.settings.role} {self.settings.index}" if NOTICE.is_set() else "a peer")
         return None

@@ -12,7 +12,7 @@ and echoes its value, e.g. ``settings['steps']: must be >= 1 (got 0)``.  An exam
       "tf_config": {"cluster": {"ps": ["10.0.0.2:2222"], "worker": [...], "chief": [...]},
                     "task": {"type": "chief", "index": 0}},
       "model_module": "digits", "steps": 300, "batch_size": 64, "learning_rate": 0.005,
-      "checkpoint_every": 100,
+      "checkpoint_every": 100, "checkpoint_min_interval_s": 30,     # optional (default 0: every boundary)
       "s3": {"endpoint": null, "region": "us-east-1", "bucket": "tfcluster",
              "run_prefix": "runs/mycluster/20261122-0415-ab12",
              "checkpoint_prefix": "runs/mycluster/checkpoints", "dataset_prefix": "datasets/digits"},
@@ -152,6 +152,9 @@ class Settings(_Strict):
     batch_size: int = Field(ge=1, description="examples per step")
     learning_rate: float = Field(gt=0, description="the optimizer's learning rate")
     checkpoint_every: int = Field(ge=1, description="steps between checkpoints")
+    checkpoint_min_interval_s: float = Field(
+        0, ge=0, description="a checkpoint_every boundary is saved only once this long has passed since the "
+                             "last checkpoint (0: every boundary; training.checkpoint_min_interval_seconds)")
     s3: S3Location = Field(description="where datasets, checkpoints and published runs live")
     data: FileData | None = Field(None, description="files in object storage; null: the arrays under "
                                                      "s3.dataset_prefix (the module's make_dataset())")

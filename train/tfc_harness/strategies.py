@@ -209,12 +209,14 @@ class Strategy(abc.ABC):
         (the loop's chunks are whole rounds of it): 1 where every task takes part in each step."""
         return 1
 
-    def agree(self, stop: bool, chunk: int) -> tuple[bool, int]:
-        """Whether the training tasks stop now and how many steps their next ``train(n)`` call runs, from this
-        task's ``stop`` (a preemption notice) and its own ``chunk`` (what its last call's time suggests, see
-        :func:`tfc_harness.loop.next_chunk`).  One task runs the loop here: its own; a synchronous strategy
-        makes its tasks agree, as they must issue the same calls."""
-        return stop, chunk
+    def agree(self, stop: bool, chunk: int, due: bool) -> tuple[bool, int, bool]:
+        """Whether the training tasks stop now, how many steps their next ``train(n)`` call runs and whether a
+        checkpoint is due (saved at the next ``checkpoint_every`` boundary), from this task's ``stop`` (a
+        preemption notice), its own ``chunk`` (what its last call's time suggests, see
+        :func:`tfc_harness.loop.next_chunk`) and its own ``due`` (its clock, see :func:`tfc_harness.loop.train`).
+        One task runs the loop here: its own; a synchronous strategy makes its tasks agree, as they must issue
+        the same calls and save the same checkpoints."""
+        return stop, chunk, due
 
     def adapt_optimizer(self, optimizer) -> tuple[Any, str | None]:
         """The optimizer this strategy trains with, given the model module's ``optimizer`` (that object,
