@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import socket
 import time
@@ -141,7 +142,7 @@ def test_a_checkpoint_waits_for_the_first_boundary_after_the_minimum_interval(tm
     assert steps[-1] == 300 and all(step % 10 == 0 for step in steps), steps
     assert 2 <= len(steps) < 30, steps               # not all 30 boundaries: ~0.6 s of steps, one save per 0.15 s
     times = [started] + [at for _, at in saves]
-    assert all(later - earlier >= 0.15 for earlier, later in zip(times, times[1:-1])), times   # but the last
+    assert all(later - earlier >= 0.15 for earlier, later in itertools.pairwise(times[:-1])), times   # but the last
 
 
 def test_no_checkpoint_but_the_last_when_the_run_is_shorter_than_the_interval(tmp_path):
