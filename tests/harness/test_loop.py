@@ -177,6 +177,28 @@ def test_a_preemption_notice_saves_the_step_reached_though_no_checkpoint_was_due
     assert saved == [20]
 
 
+def test_a_preemption_notice_right_after_a_checkpoint_does_not_save_it_again(tmp_path):
+    class NoticeAfterStep100:
+        who = "worker 0"
+
+        def __init__(self):
+            self.steps = 0
+
+        def agree(self, chunk, due):
+            return None if self.steps >= 100 else (10, due)
+
+    notice, saved = NoticeAfterStep100(), []
+
+    def train_fn(n):
+        notice.steps += n
+        return [0.5] * n
+
+    with pytest.raises(Preempted):
+        loop.train(train_fn, ChiefState(tmp_path, total=300), examples_per_step=4, checkpoint_every=100,
+                   save=saved.append, notices=notice)
+    assert saved == [100]
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_a_loss_that_is_not_finite_stops_training_before_it_is_saved_or_reported(tmp_path, bad):
     calls, saved = [], []

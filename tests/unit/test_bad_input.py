@@ -30,6 +30,8 @@ CASES = [
     ("override: --set without =", None, ["--set", "training.steps"], "--set"),
     ("override: lr zero", None, ["--set", "training.learning_rate=0"], "training.learning_rate"),
     ("override: restarts negative", None, ["--set", "training.max_restarts=-1"], "training.max_restarts"),
+    ("override: checkpoint interval negative", None, ["--set", "training.checkpoint_min_interval_seconds=-1"],
+     "training.checkpoint_min_interval_seconds"),
     ("override: start timeout tiny", None, ["--set", "training.start_timeout_seconds=1"],
      "training.start_timeout_seconds"),
     ("override: endpoint not http", None, ["--set", "storage.endpoint=s3://x"], "storage.endpoint"),

@@ -105,8 +105,9 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
           min_interval_s: float = 0.0) -> LoopTime:
     """Run ``train_fn`` from ``state.step`` to ``state.total``; returns how long it took (:class:`LoopTime`).
 
-    A checkpoint is saved at the first ``checkpoint_every`` boundary after ``min_interval_s`` have passed
-    since the last one (the loop's start counts as one; 0: at every boundary), and always at the last step:
+    A checkpoint is saved at the first ``checkpoint_every`` boundary after a call that ended ``min_interval_s``
+    or more after the last one (the loop's start counts as one; 0: at every boundary), and always at the last
+    step:
     at a fixed number of steps, a fast model's checkpoints came several times a second (digits: every
     ~0.5 s at 100 steps, each stopping the workers and costing the chief and the ps CPU beside them).
     Whether one is due is this task's clock, agreed between the tasks with the chunk.

@@ -8,13 +8,14 @@ on CPU nodes, NCCL where the node has GPUs).  Keras 3's ``model.fit`` does not w
 
 The tasks must issue the same collectives in the same order: each ``train(n)`` call runs the number of steps
 the tasks agreed after the last call (:meth:`MultiWorkerMirrored.agree`: about
-:data:`tfc_harness.loop.CHUNK_TARGET_S` of work, clipped at checkpoint boundaries the same way on every task;
+:data:`tfc_harness.loop.CHUNK_TARGET_S` of work, clipped at the checkpoint boundaries that are due the same way
+on every task;
 with 20 fixed steps a call, until 2026-11-26, digits on 3 local nodes made 1 % (a checkpoint every 100 steps) to
 6 % (every 600) fewer examples/s after the first call, 3 interleaved pairs each), every task
-saves at every boundary (TensorFlow requires all of them to), and every task restores the same checkpoint,
-the chief's copy in S3.  Only the chief's checkpoints are kept (its directory is mirrored to S3); the
-others write to a scratch directory that is emptied after each save.  Only the chief evaluates, exports and
-publishes.
+saves at every boundary the tasks agreed is due (TensorFlow requires all of them to), and every task
+restores the same checkpoint, the chief's copy in S3.  Only the chief's checkpoints are kept (its directory
+is mirrored to S3); the others write to a scratch directory that is emptied after each save.  Only the chief
+evaluates, exports and publishes.
 """
 
 from __future__ import annotations

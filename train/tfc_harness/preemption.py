@@ -6,10 +6,10 @@ task as SIGUSR1; the task takes SIGTERM the same way (a shutdown signals every p
 turns either into :data:`NOTICE`.
 
 - A task that runs the training loop asks :meth:`Notices.agree` after each chunk of steps; under a
-  synchronous strategy the tasks agree first (the strategy's ``agree``: one all-reduce of the flag and of the
-  next chunk's steps per call), so that every task saves the same step.  The loop then saves that step,
-  uploads it and ends with :data:`PREEMPTED_EXIT_CODE`; the next ``make train`` (on replacement nodes:
-  ``make up`` first) resumes it.
+  synchronous strategy the tasks agree first (the strategy's ``agree``: one all-reduce of the flag, of the
+  next chunk's steps and of whether a checkpoint is due, per call), so that every task saves the same step.
+  The loop then saves that step, uploads it and ends with :data:`PREEMPTED_EXIT_CODE`; the next
+  ``make train`` (on replacement nodes: ``make up`` first) resumes it.
 - A task that only serves (a parameter server, a worker under ``parameter_server``) cannot save: it writes a
   marker ``<run_prefix>/preemption/<role>-<index>`` to S3, which the chief polls (:class:`Notices`).
 """

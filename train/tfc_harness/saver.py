@@ -36,9 +36,9 @@ log = log_line    # one write a line: this logs from the upload's thread too
 
 
 class Saver:
-    """``restore()`` once, then ``save(step)`` at each checkpoint boundary (``finite()`` before it: whether the
-    weights and the optimizer's state it would save are all finite); ``wait_uploaded()`` before the run ends
-    (and on the way out of a failed one: :meth:`uploads`)."""
+    """``restore()`` once, then ``save(step)`` at each checkpoint boundary that is due (``finite()`` before it:
+    whether the weights and the optimizer's state it would save are all finite); ``wait_uploaded()`` before the
+    run ends (and on the way out of a failed one: :meth:`uploads`)."""
 
     def __init__(self, strategy, s3_client, model, optimizer):
         import tensorflow as tf
