@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -26,11 +27,13 @@ TASKS = (("chief", 0, "chief"), ("worker", 0, "worker0"), ("worker", 1, "worker1
 
 
 def start_all(processes, tmp_path: Path, endpoint: str, tf_cluster: dict, *, steps: int, run_id: str,
-              dataset: str) -> None:
+              dataset: str, chief_interval_s: float = 0) -> None:
     for role, index, name in TASKS:
         settings = make_settings(endpoint, tf_cluster, role, index, tmp_path / "nodes" / name, steps=steps,
                                  run_id=run_id, dataset_prefix=dataset)
-        start_node(processes, tmp_path, f"{name}-{run_id}", dict(settings, strategy=STRATEGY))
+        interval = chief_interval_s if role == "chief" else 0
+        start_node(processes, tmp_path, f"{name}-{run_id}",
+                   dict(settings, strategy=STRATEGY, checkpoint_min_interval_s=interval))
 
 
 def wait_all(processes, run_id: str) -> dict[str, str]:
@@ -61,11 +64,17 @@ def test_all_reduce_train_resume_publish_verify(moto_endpoint, s3_client, proces
     assert not any(scratch.rglob("ckpt-*")), "a worker's scratch checkpoint was kept"
     assert not publish.published(s3_client, BUCKET, "runs/e2e/b")
 
-    start_all(processes, tmp_path, moto_endpoint, tf_cluster, steps=STEPS, run_id="b", dataset=dataset)
+    # Whether a checkpoint is due is agreed: any task's clock makes it due on every task. Here the chief's own
+    # would skip step 200's (tfcluster gives every task the same interval; here the workers' find every
+    # boundary due): were the tasks' own used, the chief would not join the workers' collective save and the
+    # run would hang; had all to find it due, none would save it.
+    start_all(processes, tmp_path, moto_endpoint, tf_cluster, steps=STEPS, run_id="b", dataset=dataset,
+              chief_interval_s=3600)
     logs = wait_all(processes, "b")
     for log in logs.values():
         assert f"resumed from checkpoint at step {FIRST_STEPS}" in log, log
         assert f"step {STEPS}/{STEPS} loss" in log, log
+        assert re.findall(r"^checkpoint saved at step (\d+)$", log, re.M) == ["200", str(STEPS)], log
     assert "chief: done" in logs["chief"] and "publishing" not in logs["worker0"]
     status = json.loads((tmp_path / "nodes" / "chief" / "status.json").read_text())
     assert status["phase"] == "done" and status["step"] == STEPS
