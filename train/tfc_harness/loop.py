@@ -107,9 +107,8 @@ def train(train_fn: Callable[[int], list[float]], state: ChiefState, *, examples
 
     A checkpoint is saved at the first ``checkpoint_every`` boundary after a call that ended ``min_interval_s``
     or more after the last one (the loop's start counts as one; 0: at every boundary), and always at the last
-    step:
-    at a fixed number of steps, a fast model's checkpoints came several times a second (digits: every
-    ~0.5 s at 100 steps, each stopping the workers and costing the chief and the ps CPU beside them).
+    step.  At a fixed number of steps alone, a fast model's checkpoints came several times a second (digits:
+    every ~0.5 s at 100 steps, each stopping the workers and costing the chief and the ps CPU beside them).
     Whether one is due is this task's clock, agreed between the tasks with the chunk.
     Chunks adapt to how long calls take (:func:`next_chunk`).  ``on_report(step, loss,
     examples_per_sec)`` is called with each progress line (the TensorBoard summaries).  A loss that is NaN or
