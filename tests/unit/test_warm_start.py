@@ -76,6 +76,15 @@ def start(env, d: Path, warm: Path, *command, secrets: Path | None = None, resta
     assert res.stdout.startswith("started"), res.stdout + res.stderr
 
 
+def log_with(d: Path, text: str, timeout: float = 15.0) -> str:
+    """The task directory's node.log once it holds ``text`` (the supervisor writes its line about a start after
+    it recorded the task's pid, and the task may print first), or as it is after ``timeout``."""
+    end = time.monotonic() + timeout
+    while text not in (log := (d / "node.log").read_text()) and time.monotonic() < end:
+        time.sleep(0.05)
+    return log
+
+
 def reports(d: Path) -> list[dict]:
     return [json.loads(line[5:]) for line in (d / "node.log").read_text().splitlines() if line.startswith("task {")]
 
@@ -252,7 +261,7 @@ def test_a_lost_warm_interpreter_ends_its_task_which_restarts_from_a_new_one(set
         st = wait_state(env, d, ("running",))
         time.sleep(0.05)
     assert gone(first["child_pid"])                              # it died with its interpreter
-    log = (d / "node.log").read_text()
+    log = log_with(d, f"forked from the warm interpreter, pid {warm_pid(warm)}")
     assert "task exited -9; restarting" in log and warm_pid(warm) != old, log
     assert f"forked from the warm interpreter, pid {warm_pid(warm)}" in log, log
     sup(env, "stop", "--dir", str(d))
