@@ -8,6 +8,7 @@ written to its own name in the node's directory of the run's logs, never to a pa
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -32,6 +33,16 @@ def unpack(run_logs: Path) -> list[str]:
             continue
         archive.unlink()
     return problems
+
+
+def read_json(path: Path) -> dict:
+    """A state file as unpacked (``status.json``, ``supervisor.json``), or {} when it is missing or not an object
+    of JSON (the node's task writes status.json: it is read as data)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def readable(data: bytes) -> bool:

@@ -166,13 +166,14 @@ class Scheduler:
             raise
 
     def _interrupt(self, threads) -> None:
-        """Ctrl-C: no new trial starts; each running trial gets one SIGINT (its train stops its tasks, marks
-        its run interrupted and fetches logs); wait for them, ignoring further Ctrl-C meanwhile."""
+        """Ctrl-C: no new trial starts; each running trial gets one SIGINT (its train has its chief save the step
+        it reached, stops its tasks, marks its run interrupted and fetches logs); wait for them, ignoring further
+        Ctrl-C meanwhile."""
         self.stopping.set()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            say("interrupted: stopping the running trials (their checkpoints are in S3; run the same sweep "
-                "again to resume them)")
+            say("interrupted: stopping the running trials (each saves the step it reached to S3; run the same "
+                "sweep again to resume them)")
             for proc in list(self.procs.values()):
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGINT)

@@ -124,9 +124,15 @@ def run_settings(spec: RunSpec, run_id: str, run: dict) -> dict:
     }
 
 
+#: after a Ctrl-C, how long the chief's stop first waits for its task to save the step it reached and end (a
+#: preemption notice's save: the next chunk's end, a checkpoint written and uploaded); then it is stopped anyway
+SAVE_BEFORE_STOP_S = 60
+
+
 def stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, console: bool = True,
-                                stop_chief: bool = False) -> bool:
-    """Stop ps and workers (``stop_chief``: every task, as after a Ctrl-C or a failure), fetch every node's log
+                                stop_chief: bool = False, save_first: bool = False) -> bool:
+    """Stop ps and workers (``stop_chief``: every task, as after a Ctrl-C or a failure; ``save_first``: the
+    chief first saves the step it reached, for :data:`SAVE_BEFORE_STOP_S` at most), fetch every node's log
     and state to .tfcluster/<cluster>/logs/<run-id>/ and remove the tasks' credentials file; best effort: a
     failure is reported, not raised. True when every node's log was fetched. ``console=False``: beside other
     work that has the console, out of reach of its Ctrl-C, and the playbook's output only in train.log.
@@ -142,7 +148,9 @@ def stop_serving_and_fetch_logs(state: ClusterState, run_id: str, forks: int, co
     fetched = True
     if left:
         extra = _extra_vars(state, "finish-vars.json", {"tf_node_logs_dest": str(dest),
-                                                        "tfcluster_stop_chief": stop_chief})
+                                                        "tfcluster_stop_chief": stop_chief,
+                                                        "tfcluster_stop_saves": SAVE_BEFORE_STOP_S if save_first
+                                                        else 0})
         try:
             ansible_run.playbook(state, "finish.yml", extra, forks=forks, log_file=state.logs / "train.log",
                                  console=console, mitogen=False,
@@ -221,8 +229,8 @@ def _train(spec: RunSpec, state: ClusterState, nodes: list[Node], configure_firs
         # start begins a new log (the old one kept as node.log.1 until the start after): fetch them now. Not
         # once down took its nodes (these are new ones: none of its tasks is on them)
         say(f"run {run['run_id']} is '{run['state']}' without every node's log fetched: stopping its tasks "
-            f"and fetching them first")
-        _finish(spec, state, nodes, run, stop_chief=True)
+            f"and fetching them first (a chief still training first saves the step it reached)")
+        _finish(spec, state, nodes, run, stop_chief=True, save_first=True)
     if configure_first:
         configure(spec)
     run, settings = _open_run(spec, state, run, prepared, trial)
@@ -456,14 +464,34 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
         if not interrupted:
             _finish(spec, state, nodes, run, stop_chief=True)
             raise
-        say("interrupted: stopping every task and fetching logs, Ctrl-C is ignored until this is done (the "
-            "tasks train on until the stop reaches them; their checkpoints are in S3: the next 'make train' of "
-            "this cluster resumes the run from the newest, after 'make up' if the cluster is taken down meanwhile)")
+        say(f"interrupted: the chief saves the step it reached (at most {SAVE_BEFORE_STOP_S} s), then every task "
+            "stops and the logs are fetched; Ctrl-C is ignored until this is done")
         # a second Ctrl-C (an impatient user, a wrapper passing the signal on) must not cut the stop short:
         # the chief would train on, unattended, and publish a model no train verifies
         with ctrl_c_ignored():
-            _finish(spec, state, nodes, run, stop_chief=True)
+            logs = _finish(spec, state, nodes, run, stop_chief=True, save_first=True)
+            _say_where_it_resumes(state, run, logs / chief.name)
         raise
+
+
+def _say_where_it_resumes(state: ClusterState, run: dict, chief_logs: Path) -> None:
+    """After a Ctrl-C's stop, what the next train does: resume from the step the chief saved before it ended
+    (recorded as ``stopped_step``), verify the model it had published by then, or resume from the newest
+    checkpoint there is."""
+    task = collected.read_json(chief_logs / "status.json")
+    step = task.get("step")
+    if task.get("phase") == "done":
+        say(f"the chief had published run {run['run_id']}'s model before the stop reached it: the next 'make train' "
+            "of this cluster verifies it")
+        return
+    if task.get("phase") == "preempted" and isinstance(step, int):
+        run["stopped_step"] = step
+        runrecord.write(state, run)
+        where = f"step {step}, which the chief saved before it stopped"
+    else:
+        where = "the newest checkpoint in S3 (the chief did not save the step it reached: its log says why)"
+    say(f"the next 'make train' of this cluster resumes run {run['run_id']} from {where}; after 'make up' "
+        "if the cluster is taken down meanwhile")
 
 
 def _conclude(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, final: dict,
@@ -531,12 +559,14 @@ def _log_tail(path: Path, lines: int = 15) -> str:
                                        f"left out; the whole log is {path})"] if left_out else []))
 
 
-def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, stop_chief: bool) -> Path:
-    """Stop ps and workers (and the chief when asked), then fetch every node's log
-    (:func:`stop_serving_and_fetch_logs`); the record says whether every log was fetched (and every
-    credentials file removed), which ``down`` then need not do again."""
+def _finish(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict, stop_chief: bool,
+            save_first: bool = False) -> Path:
+    """Stop ps and workers (and the chief when asked, after it saved the step it reached with ``save_first``),
+    then fetch every node's log (:func:`stop_serving_and_fetch_logs`); the record says whether every log was
+    fetched (and every credentials file removed), which ``down`` then need not do again."""
     with phase("stop the tasks still serving, fetch logs"):
-        run["logs_fetched"] = stop_serving_and_fetch_logs(state, run["run_id"], len(nodes), stop_chief=stop_chief)
+        run["logs_fetched"] = stop_serving_and_fetch_logs(state, run["run_id"], len(nodes), stop_chief=stop_chief,
+                                                          save_first=save_first)
     runrecord.write(state, run)
     return state.logs / run["run_id"]
 

@@ -299,22 +299,32 @@ def test_canary_secret_appears_nowhere_else(home, env, cluster):
     assert oct((home / CLUSTER / "ssh" / "id_ed25519").stat().st_mode & 0o777) == "0o600"
 
 
-def test_ctrl_c_during_train_then_down_leaves_nothing(home, env, cluster):
-    """Ctrl-C during train, then down: the tasks stop, logs are fetched, nothing of the cluster remains."""
-    # the chief is paused at its step-200 checkpoint until the stop reaches it (ansible-playbook's start took
-    # longer than the run's last steps at the machine's fast phase): it gets the stop mid-loop
-    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 200$", *ARGS)
+def test_ctrl_c_during_train_saves_the_step_reached_then_down_leaves_nothing(home, env, cluster):
+    """Ctrl-C during train, then down: the chief first saves the step it reached (no checkpoint was due: the
+    interval is an hour), the tasks stop, logs are fetched, nothing of the cluster remains."""
+    # the chief is paused at a progress line between steps 200 and 499 of 1000 until the notice reaches it
+    # (ansible-playbook's start took longer than the run's last steps at the machine's fast phase): it gets the
+    # stop mid-loop, where only the final step would have been saved (at 500 steps, paused at 376, its next
+    # call ran to the end, and it published)
+    train = runs.train_paused_at(env, home, CLUSTER, cluster, "^step [2-4][0-9][0-9]/1000 ", *LONG_ARGS,
+                                 "--set", "training.checkpoint_min_interval_seconds=3600")
     with runs.continued_after(home, CLUSTER, cluster):
         os.killpg(train.proc.pid, signal.SIGINT)
-        runs.wait_for_pending(home, CLUSTER, cluster, "chief-0", signal.SIGINT)
+        runs.wait_for_pending(home, CLUSTER, cluster, "chief-0", signal.SIGUSR1)
     code, out = train.wait(timeout=180)
     assert code == 130, out[-3000:]
-    assert runs.run_record(home, CLUSTER)["state"] == "interrupted"
+    record = runs.run_record(home, CLUSTER)
+    said = re.search(r"resumes run \S+ from step (\d+), which the chief saved before it stopped", out)
+    assert record["state"] == "interrupted" and said, out[-3000:]
+    step = int(said.group(1))
+    assert 200 <= step < 1000 and record["stopped_step"] == step, (record, out[-3000:])
     res = make("down", home, CLUSTER=CLUSTER)
     assert res.returncode == 0, res.stdout + res.stderr
     assert leftovers(home, CLUSTER) == []
-    run_id = runs.run_record(home, CLUSTER)["run_id"]
-    chief = (home / CLUSTER / "logs" / run_id / f"{CLUSTER}-chief-0" / "node.log").read_text()
+    chief = (home / CLUSTER / "logs" / record["run_id"] / f"{CLUSTER}-chief-0" / "node.log").read_text()
+    # that step's checkpoint, and no other: the stop's save is the only one of the run
+    assert re.findall(r"^checkpoint saved at step (\d+)$", chief, re.M) == [str(step)], chief[-3000:]
     # the chief is stopped before the parameter servers it reads from: it is not cut off mid-checkpoint (with
     # every task stopped at once it was, at times: "chief failed in phase 'training': UnavailableError")
-    assert "chief failed" not in chief and "stopped (exit" in chief, chief[-3000:]
+    assert "chief failed" not in chief and "stop that saves first" in chief and "stopped (exit 5)" in chief, \
+        chief[-3000:]

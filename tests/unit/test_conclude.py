@@ -4,6 +4,7 @@ found."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -90,7 +91,8 @@ def test_a_failed_run_fetches_the_logs_before_it_reports(state, monkeypatch):
     run = {"run_id": "r1", "state": "started"}
     with pytest.raises(TfclusterError, match="training failed: the chief's task ended 'failed'"):
         training._conclude(None, state, NODES, run, {"supervisor": {"state": "failed", "exit_code": 1}})
-    assert calls == [{"stop_chief": False}] and runrecord.read(state)["state"] == "failed"   # its task has ended
+    # its task has ended: nothing to save
+    assert calls == [{"stop_chief": False, "save_first": False}] and runrecord.read(state)["state"] == "failed"
 
 
 def test_a_failed_run_names_the_chiefs_own_error(state, monkeypatch):
@@ -137,6 +139,29 @@ def test_ctrl_c_during_verification_waits_for_the_finish_and_records_it(state, m
     assert "fetch" in spans
     saved = runrecord.read(state)
     assert saved["logs_fetched"] is True and saved["state"] == "unverified"
+
+
+@pytest.mark.parametrize("status, said, recorded", [
+    ({"phase": "preempted", "step": 340, "error": "preempted at step 340 (chief 0)"},
+     "resumes run r1 from step 340, which the chief saved before it stopped", 340),
+    ({"phase": "done", "step": 500}, "had published run r1's model before the stop reached it: the next "
+     "'make train' of this cluster verifies it", None),
+    ({"phase": "training", "step": 340}, "resumes run r1 from the newest checkpoint in S3 (the chief did not save",
+     None),
+    (None, "resumes run r1 from the newest checkpoint in S3", None),           # no status fetched
+    ("[1, 2]", "resumes run r1 from the newest checkpoint in S3", None),        # not an object: read as data
+])
+def test_after_a_ctrl_c_the_user_is_told_where_the_next_train_resumes(state, tmp_path, capsys, status, said,
+                                                                      recorded):
+    logs = tmp_path / "chief"
+    logs.mkdir()
+    if status is not None:
+        (logs / "status.json").write_text(status if isinstance(status, str) else json.dumps(status))
+    run = {"run_id": "r1", "state": "interrupted"}
+    runrecord.write(state, run)
+    training._say_where_it_resumes(state, run, logs)
+    assert said in capsys.readouterr().out
+    assert runrecord.read(state).get("stopped_step") == recorded
 
 
 def test_an_unexpected_error_in_the_finish_is_a_warning_and_recorded(state, monkeypatch, capsys):
@@ -462,8 +487,8 @@ def test_a_run_left_without_its_logs_has_them_fetched_before_new_tasks_start(sta
     monkeypatch.setattr(training, "_check_can_train", lambda *a: None)
     monkeypatch.setattr(training.job, "prepare", lambda spec, every_hparam_read: {})
     monkeypatch.setattr(training, "_data_line", lambda *a: "data")
-    monkeypatch.setattr(training, "_finish", lambda _s, _st, _n, run, stop_chief: calls.append(
-        ("finish", run["run_id"], stop_chief)))
+    monkeypatch.setattr(training, "_finish", lambda _s, _st, _n, run, stop_chief, save_first=False: calls.append(
+        ("finish", run["run_id"], stop_chief, save_first)))
     monkeypatch.setattr(training, "_open_run", lambda *a: calls.append("open") or ({"run_id": "r1",
                                                                                     "resumed": True}, {}))
     monkeypatch.setattr(training, "_published", lambda *a: False)
@@ -472,7 +497,8 @@ def test_a_run_left_without_its_logs_has_them_fetched_before_new_tasks_start(sta
     monkeypatch.setattr(training, "_conclude", lambda *a: {"state": "verified"})
     spec = type("Spec", (), {"cluster": "c", "provider": "aws"})()
     training.train(spec, configure_first=False)
-    assert calls == ([("finish", "r1", True)] if fetched_first else []) + ["open", "keep", "tasks"]
+    # a chief its lost controller left training first saves the step it reached
+    assert calls == ([("finish", "r1", True, True)] if fetched_first else []) + ["open", "keep", "tasks"]
 
 
 def test_a_resumed_run_published_before_it_stopped_is_verified_and_its_logs_stay(state, monkeypatch):

@@ -207,6 +207,31 @@ def test_sigterm_is_a_notice_and_stop_still_stops(tmp_path):
     assert _state(d)["state"] == "stopped" and "saved-at-once" not in (d / "node.log").read_text().splitlines()
 
 
+def test_stop_that_saves_first_lets_the_task_save_and_end_and_records_it_stopped(tmp_path):
+    """`stop --save` (a chief after a Ctrl-C): the task gets the notice, saves, ends by itself (exit 5), and is
+    recorded stopped, not preempted, never restarted; one that does not end in time is stopped all the same."""
+    d = tmp_path / "saves"
+    _sup("start", "--dir", str(d), "--max-restarts", "3", "--", "/bin/sh", "-c", SAVES_ON_NOTICE)
+    _wait_state(d, ("running",))
+    out = _sup("stop", "--dir", str(d), "--save", "20").stdout
+    assert out.startswith("stopped after saving its step (state stopped)"), out
+    st = _state(d)
+    assert (st["state"], st["exit_code"], st["restarts"]) == ("stopped", 5, 0), st
+    log = (d / "node.log").read_text()
+    assert "saved-at-once" in log and "stop that saves first" in log and "stopped (exit 5)" in log, log
+    # a task that ignores the notice: after --save's seconds, the usual stop (SIGINT) ends it
+    late = tmp_path / "ignores"
+    _sup("start", "--dir", str(late), "--", "/bin/sh", "-c", "trap '' USR1; echo running; while :; do sleep 0.1; done")
+    _wait_state(late, ("running",))
+    started = time.monotonic()
+    out = _sup("stop", "--dir", str(late), "--save", "1").stdout
+    assert out.splitlines() == ["the task did not end within 1 s of the stop that saves first: stopping it",
+                                "stopped (state stopped)"], out
+    assert time.monotonic() - started >= 1 and _state(late)["state"] == "stopped"
+    # a supervisor that has ended: nothing to save, said at once
+    assert _sup("stop", "--dir", str(d), "--save", "20").stdout.startswith("not running (state stopped)")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="running a task as another user needs root")
 def test_supervisor_runs_the_task_as_the_given_user_and_keeps_the_env_file_from_it():
     """The task runs unprivileged (uid of `nobody`, HOME its directory); the credentials it needs arrive in its

@@ -3,7 +3,8 @@
 The node's supervisor (``tfc-supervise``) watches the provider's notice (AWS's spot ``instance-action``, GCP's
 ``preempted`` flag, in the instance metadata) and its own SIGTERM (the VM shutting down), and passes it to the
 task as SIGUSR1; the task takes SIGTERM the same way (a shutdown signals every process).  :func:`listen`
-turns either into :data:`NOTICE`.
+turns either into :data:`NOTICE`.  The controller's stop of a chief after a Ctrl-C sends the same SIGUSR1
+first (``tfc-supervise stop --save``): the step reached is saved, and the next train resumes there.
 
 - A task that runs the training loop asks :meth:`Notices.agree` after each chunk of steps; under a
   synchronous strategy the tasks agree first (the strategy's ``agree``: one all-reduce of the flag, of the
@@ -40,8 +41,8 @@ def listen() -> None:
     process; the loop or the serving task acts on it."""
     def handler(signum, _frame):
         if not NOTICE.is_set():
-            print(f"preemption notice ({signal.Signals(signum).name}): saving at once", file=sys.stderr,
-                  flush=True)
+            print(f"notice ({signal.Signals(signum).name}; a preemption, or a stop that saves first): saving "
+                  "the step reached at once", file=sys.stderr, flush=True)
         NOTICE.set()
 
     signal.signal(signal.SIGUSR1, handler)
