@@ -43,7 +43,7 @@ strategy: multi_worker_mirrored
 nodes:
   ps: {{count: 0}}
   worker: {{count: 1}}
-training: {{steps: {SHORT}, checkpoint_every: 100, checkpoint_min_interval_seconds: 0}}   # resumed from step 200+
+training: {{steps: {SHORT}, checkpoint_every: 100}}   # at most one checkpoint per 30 s: the Ctrl-C's save is the one
 """
 SWEEP_FILE = f"""
 name: steps-lr
@@ -97,14 +97,14 @@ def _continue(home, group: str) -> None:
 
 
 def _continue_each_once_stopping(home, waiting: dict[str, str], timeout: float = 120) -> None:
-    """Continue each paused chief of ``waiting`` (trial id -> group) as soon as the stop (SIGINT) is pending
-    on it, removing it from ``waiting``: its supervisor kills a task that has not ended 15 s after the stop,
-    and the two trials' stops come apart."""
+    """Continue each paused chief of ``waiting`` (trial id -> group) as soon as the stop's notice (SIGUSR1: save
+    the step reached, then end) is pending on it, removing it from ``waiting``: the stop waits at most 60 s for
+    that save before its SIGINT, and the two trials' stops come apart."""
     deadline = time.monotonic() + timeout
     while waiting and time.monotonic() < deadline:
         for trial, group in list(waiting.items()):
             try:
-                runs.wait_for_pending(home, group, runs.cluster_nodes(home, group), "chief-0", signal.SIGINT,
+                runs.wait_for_pending(home, group, runs.cluster_nodes(home, group), "chief-0", signal.SIGUSR1,
                                       timeout=0.5)
             except AssertionError:
                 continue
@@ -194,8 +194,9 @@ def test_the_same_sweep_resumes_its_trials_and_ends_with_the_table_and_the_best_
     for tid in interrupted[2]:   # the interrupted ones resumed their own runs, from their checkpoints
         assert trials[tid]["run_id"] == before[tid]["run_id"]
         assert re.search(rf"\[{tid} \S+\] ==> resuming run {before[tid]['run_id']}", out), out[-5000:]
-    # both were stopped mid-run (paused past step 250): each restored a checkpoint of step 200 or later
-    assert min(trials[tid]["restored_from_step"] for tid in interrupted[2]) >= 200, trials
+    # both were stopped mid-run (paused past step 250) and saved the step they reached: each restored a checkpoint
+    # of step 250 or later (no other was due: at most one per 30 s, and none of the first 30 s)
+    assert min(trials[tid]["restored_from_step"] for tid in interrupted[2]) >= 250, trials
     for t in trials.values():
         assert 0.5 <= t["metric"] <= 1.0 and t["metric"] == t["metrics"]["test_accuracy"]
     # the table: every trial, best first (equal accuracies: the lower test loss first)
