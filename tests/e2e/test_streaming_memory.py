@@ -2,7 +2,7 @@
 
 A local cluster (1 ps, 1 worker, 1 chief) whose nodes are capped at LIMIT_MB each (provider option
 ``node_memory_mb``: a memory cgroup per node, no swap) trains on TFRecord files in the store holding
-DATA_BYTES, more than 3 times the cap, each example 16 KiB once decoded. The worker streams them through its
+DATA_BYTES, more than 3 times the cap, each example 64 KiB once decoded. The worker streams them through its
 bounded buffer (a few files on disk, none in memory; a shuffle buffer sized in bytes) for more than one
 epoch (the files are one file's copies, made by the store); the run must succeed with the worker's cgroup never
 OOM-killing anything, and the worker must have read more than the whole data set.
@@ -36,7 +36,7 @@ PAD = 256 << 10                 # bytes of payload per record: 8 files x 1024 x 
 DATA_BYTES = FILES * RECORDS_PER_FILE * PAD
 BATCH = 64
 # just over one epoch through the worker's files: each step past it costs a second epoch's reads (the worker
-# keeps a few files ahead of its steps, and the local store serves ~40 MB/s here)
+# keeps a few files ahead of its steps; the local store served it 400-530 MB/s alone on this machine)
 STEPS = FILES * RECORDS_PER_FILE // BATCH + 10
 
 MODULE = '''
@@ -51,13 +51,15 @@ def metrics():
 SPEC = {"x": tf.io.FixedLenFeature([4], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64),
         "pad": tf.io.FixedLenFeature([], tf.string)}
 
-def decode(record):          # 16 KiB of features per example: the first 4092 bytes of each record's pad
+def decode(record):          # 64 KiB of features per example: the first 16380 bytes of each record's pad
+    # (the shuffle buffer holds ~64 MiB of decoded examples: at 16 KiB, its 4096 examples' records were 1 GiB
+    # read before the first step; at 64 KiB 256 MiB, and the worker reads 2.75 GiB in all instead of 3.5)
     row = tf.io.parse_single_example(record, SPEC)
-    pad = tf.cast(tf.io.decode_raw(row["pad"], tf.uint8)[:4092], tf.float32) / 255.0 - 0.5
+    pad = tf.cast(tf.io.decode_raw(row["pad"], tf.uint8)[:16380], tf.float32) / 255.0 - 0.5
     return tf.concat([row["x"], pad], 0), tf.cast(row["y"], tf.float32)
 
 def build_model():           # logistic regression: the label is linear in x, the pad is a constant input
-    return keras.Sequential([keras.Input(shape=(4096,)), keras.layers.Dense(1)])
+    return keras.Sequential([keras.Input(shape=(16384,)), keras.layers.Dense(1)])
 '''
 
 
@@ -123,7 +125,7 @@ def test_a_data_set_larger_than_a_workers_memory_streams_through_it(home, tmp_pa
     train = write_files(tmp_path, 1, RECORDS_PER_FILE, PAD, seed=1)
     upload(home, train, "mem/train", copies=FILES)
     train[0].unlink()
-    upload(home, write_files(tmp_path, 1, 500, 4096, seed=2), "mem/test")   # test records: a pad just long enough
+    upload(home, write_files(tmp_path, 1, 500, 16380, seed=2), "mem/test")   # test records: a pad just long enough
 
     cfg = tmp_path / "mem.yml"
     cfg.write_text(textwrap.dedent(f"""\
