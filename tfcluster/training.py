@@ -229,8 +229,9 @@ def _train(spec: RunSpec, state: ClusterState, nodes: list[Node], configure_firs
         # start begins a new log (the old one kept as node.log.1 until the start after): fetch them now. Not
         # once down took its nodes (these are new ones: none of its tasks is on them)
         say(f"run {run['run_id']} is '{run['state']}' without every node's log fetched: stopping its tasks "
-            f"and fetching them first (a chief still training first saves the step it reached)")
-        _finish(spec, state, nodes, run, stop_chief=True, save_first=True)
+            f"and fetching them first")
+        # no save first: these nodes may run an earlier tfcluster's supervisor (configure comes after this)
+        _finish(spec, state, nodes, run, stop_chief=True)
     if configure_first:
         configure(spec)
     run, settings = _open_run(spec, state, run, prepared, trial)
@@ -475,21 +476,28 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
 
 
 def _say_where_it_resumes(state: ClusterState, run: dict, chief_logs: Path) -> None:
-    """After a Ctrl-C's stop, what the next train does: resume from the step the chief saved before it ended
-    (recorded as ``stopped_step``), verify the model it had published by then, or resume from the newest
-    checkpoint there is."""
+    """After a Ctrl-C's stop, what the next train does, from the chief's status.json of this run (one an earlier
+    run left is not this run's): resume from the step the chief saved before it ended (recorded as
+    ``stopped_step``), verify the model it had published, or resume from the newest checkpoint there is."""
     task = collected.read_json(chief_logs / "status.json")
-    step = task.get("step")
-    if task.get("phase") == "done":
+    if task.get("run_id") != run["run_id"]:
+        task = {}
+    phase, step = task.get("phase"), task.get("step")
+    if phase == "done":
         say(f"the chief had published run {run['run_id']}'s model before the stop reached it: the next 'make train' "
             "of this cluster verifies it")
         return
-    if task.get("phase") == "preempted" and isinstance(step, int):
+    if phase == "preempted" and isinstance(step, int):
         run["stopped_step"] = step
         runrecord.write(state, run)
         where = f"step {step}, which the chief saved before it stopped"
+    elif phase in ("evaluating", "publishing"):
+        where = f"the newest checkpoint in S3 (the chief had trained every step and was {phase} when it was stopped)"
+    elif not task:
+        where = "the newest checkpoint in S3 (no state of this run's chief was fetched: it may not have started)"
     else:
-        where = "the newest checkpoint in S3 (the chief did not save the step it reached: its log says why)"
+        where = (f"the newest checkpoint in S3 (the chief, {phase}, did not save the step it reached within "
+                 f"{SAVE_BEFORE_STOP_S} s: its log says why)")
     say(f"the next 'make train' of this cluster resumes run {run['run_id']} from {where}; after 'make up' "
         "if the cluster is taken down meanwhile")
 

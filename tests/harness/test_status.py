@@ -68,3 +68,11 @@ def test_a_loop_running_tasks_notes_for_the_user_are_in_every_report_once_made(t
     state.report("failed", error="x")
     written = json.loads((tmp_path / "status.json").read_text())
     assert written["notes"] == state.notes and written["phase"] == "failed"
+
+
+def test_a_loop_running_tasks_reports_name_its_run(tmp_path):
+    """The controller tells this run's status.json from one an earlier run left (a Ctrl-C before the new start)."""
+    status.ChiefState(tmp_path, 100, run_id="20261202-010000-ab12").report("training")
+    assert json.loads((tmp_path / "status.json").read_text())["run_id"] == "20261202-010000-ab12"
+    status.ChiefState(tmp_path, 100).report("training")
+    assert "run_id" not in json.loads((tmp_path / "status.json").read_text())

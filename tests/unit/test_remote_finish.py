@@ -4,6 +4,7 @@ command as roles/tf_node/tasks/finish.yml, the archive read back, and the playbo
 from __future__ import annotations
 
 import io
+import json
 import shlex
 import subprocess
 import tarfile
@@ -30,6 +31,34 @@ def test_the_finish_over_ssh_runs_the_roles_own_command_with_its_defaults():
         defaults["tf_node_collect_dir"])
     for role, stop in (("worker", True), ("ps", True), ("chief", False)):
         assert shlex.split(remote.finish_command(stop)) == _role_finish_argv(role), role
+
+
+def test_after_a_ctrl_c_only_the_chiefs_finish_saves_first_for_the_time_playbooks_finish_passes():
+    """playbooks/finish.yml's chief play sets tf_node_stop_saves from tfcluster_stop_saves (a string once
+    templated): the chief's finish gets ``--stop --save 60``; a worker's, or a stop without it, no ``--save``."""
+    import yaml
+
+    from tests.conftest import REPO
+
+    plays = yaml.safe_load((REPO / "playbooks" / "finish.yml").read_text())
+    chief_play = next(p for p in plays if "Stop the chief first" in p.get("name", ""))
+    passed = chief_play["tasks"][0]["vars"]["tf_node_stop_saves"]
+    role_vars = role_vars_of.load("vars")
+
+    def argv(role: str, stop_chief: bool, extra: dict) -> list[str]:
+        values = dict(role_vars_of.load("defaults"), tf_role=role, tf_node_stop_chief=stop_chief,
+                      tf_node_logs_dest="/logs")
+        values["tf_node_stop_saves"] = role_vars_of.render(passed, extra) if stop_chief else values[
+            "tf_node_stop_saves"]
+        values["_tf_node_finish_stops"] = role_vars_of.evaluate(role_vars["_tf_node_finish_stops"], values)
+        return role_vars_of.evaluate(role_vars["_tf_node_supervise_finish"], values)
+
+    saves = {"tfcluster_stop_saves": training.SAVE_BEFORE_STOP_S}
+    chief = argv("chief", True, saves)
+    assert chief[chief.index("--stop"):chief.index("--stop") + 3] == ["--stop", "--save", "60"], chief
+    assert "--save" not in argv("chief", True, {"tfcluster_stop_saves": 0})
+    assert "--save" not in argv("chief", True, {})          # a finish after a failure: no extra var
+    assert "--save" not in argv("worker", False, saves)
 
 
 def _archive(text: str) -> bytes:
@@ -112,3 +141,15 @@ def test_the_playbook_finishes_the_nodes_where_the_end_over_ssh_failed_and_every
     monkeypatch.setattr(remote, "run", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("ssh")))
     training.stop_serving_and_fetch_logs(state, "r1", 3, stop_chief=True)
     assert [(name, kw["limit"]) for name, kw in plays] == [("finish.yml", None)]
+
+
+def test_the_ctrl_c_finish_asks_the_playbook_for_the_save(tmp_path, monkeypatch):
+    """stop_serving_and_fetch_logs(save_first=True) hands finish.yml tfcluster_stop_saves; without it, 0."""
+    state, nodes = _cluster(tmp_path, monkeypatch)
+    seen = []
+    monkeypatch.setattr(ansible_run, "playbook", lambda _state, name, extra, **kw: seen.append(
+        json.loads(extra.read_text())))
+    for save_first in (True, False):
+        training.stop_serving_and_fetch_logs(state, "r1", len(nodes), stop_chief=True, save_first=save_first)
+    assert [v["tfcluster_stop_saves"] for v in seen] == [training.SAVE_BEFORE_STOP_S, 0]
+    assert all(v["tfcluster_stop_chief"] for v in seen)

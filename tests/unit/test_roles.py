@@ -213,12 +213,14 @@ def test_stop_that_saves_first_lets_the_task_save_and_end_and_records_it_stopped
     d = tmp_path / "saves"
     _sup("start", "--dir", str(d), "--max-restarts", "3", "--", "/bin/sh", "-c", SAVES_ON_NOTICE)
     _wait_state(d, ("running",))
+    assert _state(d)["saves_first"] is True
     out = _sup("stop", "--dir", str(d), "--save", "20").stdout
-    assert out.startswith("stopped after saving its step (state stopped)"), out
+    assert out.startswith("stopped: the task ended by itself after the stop that saves first (exit 5, state "
+                          "stopped)"), out
     st = _state(d)
     assert (st["state"], st["exit_code"], st["restarts"]) == ("stopped", 5, 0), st
     log = (d / "node.log").read_text()
-    assert "saved-at-once" in log and "stop that saves first" in log and "stopped (exit 5)" in log, log
+    assert "saved-at-once" in log.splitlines() and "stop that saves first" in log and "stopped (exit 5)" in log, log
     # a task that ignores the notice: after --save's seconds, the usual stop (SIGINT) ends it
     late = tmp_path / "ignores"
     _sup("start", "--dir", str(late), "--", "/bin/sh", "-c", "trap '' USR1; echo running; while :; do sleep 0.1; done")
@@ -230,6 +232,14 @@ def test_stop_that_saves_first_lets_the_task_save_and_end_and_records_it_stopped
     assert time.monotonic() - started >= 1 and _state(late)["state"] == "stopped"
     # a supervisor that has ended: nothing to save, said at once
     assert _sup("stop", "--dir", str(d), "--save", "20").stdout.startswith("not running (state stopped)")
+    # one that does not record that it takes the save (an earlier tfcluster's, to which SIGUSR1 is the end):
+    # the usual stop only
+    old = tmp_path / "earlier"
+    _sup("start", "--dir", str(old), "--", "/bin/sh", "-c", SAVES_ON_NOTICE)
+    recorded = _wait_state(old, ("running",))
+    (old / "supervisor.json").write_text(json.dumps({k: v for k, v in recorded.items() if k != "saves_first"}))
+    assert _sup("stop", "--dir", str(old), "--save", "20").stdout.splitlines() == ["stopped (state stopped)"]
+    assert "saved-at-once" not in (old / "node.log").read_text().splitlines()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="running a task as another user needs root")

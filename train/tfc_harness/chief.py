@@ -76,7 +76,7 @@ def run(settings: Settings, strategy: Strategy) -> int:
     ``_SUCCESS``) was written, :data:`tfc_harness.preemption.PREEMPTED_EXIT_CODE` after saving the step reached
     on a preemption notice, :data:`tfc_harness.errors.FINAL_EXIT_CODE` on a failure a restart would repeat, 1 on
     another failure."""
-    state = ChiefState(settings.state_dir, settings.steps, role=settings.role)
+    state = ChiefState(settings.state_dir, settings.steps, role=settings.role, run_id=settings.run_id)
     watchdog = watchdogs.start_runtime_watchdog(state, settings.max_runtime_s, settings.steps)
     started = time.monotonic()
     summaries = Summaries.for_task(settings, strategy)

@@ -115,8 +115,9 @@ class ChiefState:
     loss, throughput, and the figures of the data stream it reads, if any), shared with the watchdogs and the
     failure handler; :meth:`report` writes it to status.json with any extra fields (``accuracy``, ``error``...)."""
 
-    def __init__(self, state_dir: str | os.PathLike, total: int, role: str = "chief"):
+    def __init__(self, state_dir: str | os.PathLike, total: int, role: str = "chief", run_id: str = ""):
         self.state_dir, self.role = state_dir, role
+        self.run_id = run_id    # in every report: a status.json left by an earlier run is told apart
         self.total = total
         self.phase = "starting"
         self.step = 0
@@ -132,5 +133,7 @@ class ChiefState:
             extra.setdefault("data", self.feed.stats())
         if self.notes:
             extra.setdefault("notes", list(self.notes))
+        if self.run_id:
+            extra.setdefault("run_id", self.run_id)
         write_status(self.state_dir, role=self.role, phase=self.phase, step=self.step, total=self.total,
                      loss=self.loss, examples_per_sec=self.examples_per_sec, **extra)
