@@ -101,6 +101,17 @@ def test_store(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def test_artifacts(tmp_path_factory):
+    """Verified models' local copies in a directory of the session's, not the checkout's ``artifacts/``, for a
+    test that does not name its own (TFCLUSTER_ARTIFACTS): a CI simulation found the streaming e2e's there."""
+    saved = os.environ.get("TFCLUSTER_ARTIFACTS")
+    if saved is None:
+        os.environ["TFCLUSTER_ARTIFACTS"] = str(tmp_path_factory.mktemp("artifacts-default"))
+    yield
+    _restore("TFCLUSTER_ARTIFACTS", saved)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def autograph_files():
     """Remove the files AutoGraph wrote for the functions this test process converted when the session ends.
     TensorFlow removes them only at the interpreter's exit (atexit), which a pytest-xdist worker can skip:
