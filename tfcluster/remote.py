@@ -154,6 +154,12 @@ def finish_command(stop: bool) -> str:
             + f" --to {COLLECT_DIR}")
 
 
+def save_and_stop_command(save_s: float) -> str:
+    """The supervisor's stop that first has the task save the step it reached and end, for ``save_s`` seconds at
+    most (``tfc-supervise stop --save``): the chief's after a Ctrl-C, as roles/tf_node's finish does it."""
+    return f"{SUPERVISE} stop --dir {TASK_DIR} --save {save_s:g}"
+
+
 def read_archive(state: ClusterState, node: Node, timeout: float = 60, own_session: bool = False) -> bytes | None:
     """The archive of the node's log and state that :func:`finish_command` left (root's); None when the node
     does not answer or the read fails (``own_session``: :func:`call`'s)."""

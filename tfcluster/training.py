@@ -470,9 +470,28 @@ def _run_tasks(spec: RunSpec, state: ClusterState, nodes: list[Node], run: dict,
         # a second Ctrl-C (an impatient user, a wrapper passing the signal on) must not cut the stop short:
         # the chief would train on, unattended, and publish a model no train verifies
         with ctrl_c_ignored():
+            _save_and_stop_chief(state, chief)
+            # the playbook's chief play saves first too: for a chief the command above did not reach
             logs = _finish(spec, state, nodes, run, stop_chief=True, save_first=True)
             _say_where_it_resumes(state, run, logs / chief.name)
         raise
+
+
+def _save_and_stop_chief(state: ClusterState, chief: Node) -> None:
+    """After a Ctrl-C, the chief's stop that saves first, over its SSH master at once: through
+    playbooks/finish.yml the notice came only after Ansible's start (3-6 s on a loaded machine), while the
+    chief trained on and, under multi_worker_mirrored, a chief paused that long (a test's) broke its workers'
+    collectives. Best effort: what fails here (train.log says what) the playbook's chief play does."""
+    try:
+        res = remote.run(state, chief, remote.save_and_stop_command(SAVE_BEFORE_STOP_S), SAVE_BEFORE_STOP_S + 30)
+        said = "no answer" if res is None else f"exit {res.returncode}: {(res.stdout + res.stderr).strip()}"
+    except Exception as exc:      # e.g. the node's address gone: the playbook tries, and says what fails
+        said = f"{type(exc).__name__}: {exc}"
+    try:
+        with open(state.logs / "train.log", "a") as log:
+            log.write(f"save and stop over ssh: {chief.name}: {said[-1000:]}\n")
+    except OSError:
+        pass
 
 
 def _say_where_it_resumes(state: ClusterState, run: dict, chief_logs: Path) -> None:

@@ -153,3 +153,20 @@ def test_the_ctrl_c_finish_asks_the_playbook_for_the_save(tmp_path, monkeypatch)
         training.stop_serving_and_fetch_logs(state, "r1", len(nodes), stop_chief=True, save_first=save_first)
     assert [v["tfcluster_stop_saves"] for v in seen] == [training.SAVE_BEFORE_STOP_S, 0]
     assert all(v["tfcluster_stop_chief"] for v in seen)
+
+
+def test_after_a_ctrl_c_the_chiefs_save_goes_over_ssh_at_once_and_a_failure_is_left_to_the_playbook(
+        tmp_path, monkeypatch):
+    state, nodes = _cluster(tmp_path, monkeypatch)
+    state.logs.mkdir(parents=True, exist_ok=True)
+    chief = nodes[-1]
+    ran = []
+    monkeypatch.setattr(remote, "run", lambda _s, node, command, timeout=30, **kw: ran.append(
+        (node.name, shlex.split(command), timeout)) or subprocess.CompletedProcess(command, 0, "stopped: ...", ""))
+    training._save_and_stop_chief(state, chief)
+    assert ran == [("c-chief-0", [remote.SUPERVISE, "stop", "--dir", remote.TASK_DIR, "--save", "60"],
+                    training.SAVE_BEFORE_STOP_S + 30)]
+    monkeypatch.setattr(remote, "run", lambda *a, **kw: (_ for _ in ()).throw(OSError("no route")))
+    training._save_and_stop_chief(state, chief)       # not raised: the playbook's chief play does it then
+    log = (state.logs / "train.log").read_text()
+    assert "save and stop over ssh: c-chief-0: exit 0: stopped: ..." in log and "OSError: no route" in log
