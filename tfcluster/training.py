@@ -190,14 +190,20 @@ def _finish_over_ssh(state: ClusterState, nodes: list[Node], dest: Path, own_ses
             return False, f"{type(exc).__name__}: {exc}"
 
     done = remote.on_each(nodes, one)
+    _note_in_train_log(state, "".join(f"finish over ssh: {name}: {'ok' if ok else 'FAILED'}\n"
+                                      + "".join(f"    {line}\n" for line in said.splitlines())
+                                      for name, (ok, said) in done.items()))
+    return [n for n in nodes if not done[n.name][0]]
+
+
+def _note_in_train_log(state: ClusterState, text: str) -> None:
+    """Append ``text`` to the cluster's train.log (what the end over SSH did), if it can be written: the log is a
+    record of it, not a condition of it."""
     try:
         with open(state.logs / "train.log", "a") as log:
-            for name, (ok, said) in done.items():
-                log.write(f"finish over ssh: {name}: {'ok' if ok else 'FAILED'}\n"
-                          + "".join(f"    {line}\n" for line in said.splitlines()))
+            log.write(text)
     except OSError:
-        pass                          # the log is a record of it, not a condition of it
-    return [n for n in nodes if not done[n.name][0]]
+        pass
 
 
 def train(spec: RunSpec, configure_first: bool = True, trial: str = "") -> dict:
@@ -487,11 +493,7 @@ def _save_and_stop_chief(state: ClusterState, chief: Node) -> None:
         said = "no answer" if res is None else f"exit {res.returncode}: {(res.stdout + res.stderr).strip()}"
     except Exception as exc:      # e.g. the node's address gone: the playbook tries, and says what fails
         said = f"{type(exc).__name__}: {exc}"
-    try:
-        with open(state.logs / "train.log", "a") as log:
-            log.write(f"save and stop over ssh: {chief.name}: {said[-1000:]}\n")
-    except OSError:
-        pass
+    _note_in_train_log(state, f"save and stop over ssh: {chief.name}: {said[-1000:]}\n")
 
 
 def _say_where_it_resumes(state: ClusterState, run: dict, chief_logs: Path) -> None:
