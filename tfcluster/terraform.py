@@ -60,6 +60,17 @@ def literal(value):
     return value
 
 
+class _Terraform(Terraform):
+    """python-terraform that leaves the state file to Terraform. python-terraform parses terraform.tfstate when
+    it is made and after each command, for a ``tfstate`` attribute nothing here reads; Terraform rewrites that
+    file in place (truncate, then write), so a teardown after a Ctrl-C that caught an apply mid-write read an
+    empty file and died with a JSONDecodeError instead of destroying (Terraform itself waits for the apply's
+    state lock, then reads the state the apply ended with)."""
+
+    def read_state_file(self, file_path=None):
+        self.tfstate = None
+
+
 class TerraformModule:
     """A provider module driven from a per-cluster working directory."""
 
@@ -67,7 +78,7 @@ class TerraformModule:
         self.module_dir = Path(module_dir).resolve()
         self.work_dir = Path(work_dir)
         self.stream = stream or sys.stderr
-        self._tf = Terraform(working_dir=str(self.work_dir), terraform_bin_path=TERRAFORM_BIN)
+        self._tf = _Terraform(working_dir=str(self.work_dir), terraform_bin_path=TERRAFORM_BIN)
 
     # -- environment -------------------------------------------------------------------------
     def _env(self) -> dict[str, str]:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
+import threading
+import time
 from pathlib import Path
 
 from tfcluster.config import resolve
 from tfcluster.paths import TERRAFORM_DIR, ClusterState
 from tfcluster.providers.local import LocalProvider
+from tfcluster.terraform import TerraformModule
 
 SHARED_INPUTS = {"cluster_name", "ps_count", "worker_count", "chief_count", "instance_types", "images", "gpus",
                  "ssh_public_key", "ssh_user", "allowed_ssh_cidrs", "tf_port", "bucket", "prefix",
@@ -60,3 +64,44 @@ def test_provider_inputs_match_shared_interface(tmp_path):
     assert root["module"]["cluster"]["source"] == str(TERRAFORM_DIR / "local")
     assert root["output"]["nodes"]["value"] == "${module.cluster.nodes}"
     assert inputs["provider_options"]["subnet"].startswith("10.231.")
+
+
+def test_destroy_waits_out_an_apply_caught_mid_write_of_its_state(tmp_path):
+    """A Ctrl-C during up can catch Terraform rewriting terraform.tfstate in place (truncated, not yet written,
+    its lock held): the teardown's destroy must wait for that lock and destroy what the state then records,
+    not die parsing the empty file (CI saw a JSONDecodeError from python-terraform there)."""
+    module = tmp_path / "module"
+    module.mkdir()
+    (module / "main.tf").write_text('resource "terraform_data" "node" {\n  input = "a"\n}\n'
+                                    'output "nodes" {\n  value = [terraform_data.node.id]\n}\n')
+    work = tmp_path / "work"
+    TerraformModule(module, work).write_root({})
+    TerraformModule(module, work).apply()
+    state = work / "terraform.tfstate"
+    written = state.read_text()
+    assert json.loads(written)["resources"]
+
+    failed = []
+    lock_info = work / ".terraform.tfstate.lock.info"  # without it Terraform does not wait for the lock
+    with state.open("r+") as held:
+        fcntl.lockf(held, fcntl.LOCK_EX)  # the apply's lock, as Terraform's local backend takes it
+        lock_info.write_text(json.dumps({"ID": "apply", "Operation": "OperationTypeApply", "Who": "test"}))
+        held.truncate(0)
+        destroying = threading.Thread(target=_capture, args=(failed, lambda: TerraformModule(module, work).destroy()))
+        destroying.start()
+        time.sleep(2)
+        held.write(written)
+        held.flush()
+        lock_info.unlink()
+        fcntl.lockf(held, fcntl.LOCK_UN)
+    destroying.join(timeout=90)
+    assert not destroying.is_alive()
+    assert failed == []
+    assert not TerraformModule(module, work).has_resources()
+
+
+def _capture(failed: list, fn) -> None:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test reports what the thread raised
+        failed.append(repr(e))
