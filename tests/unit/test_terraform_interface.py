@@ -90,6 +90,7 @@ def test_destroy_waits_out_an_apply_caught_mid_write_of_its_state(tmp_path):
         destroying = threading.Thread(target=_capture, args=(failed, lambda: TerraformModule(module, work).destroy()))
         destroying.start()
         time.sleep(2)
+        assert destroying.is_alive() and failed == []   # waiting for the lock, not done on the empty file
         held.write(written)
         held.flush()
         lock_info.unlink()
