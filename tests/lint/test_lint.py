@@ -57,13 +57,16 @@ def test_ansible_lint_production_offline():
 
 
 @pytest.mark.parametrize("directory, framework", [("terraform", "terraform"), ("roles", "ansible")])
-def test_checkov_offline_is_clean_and_every_skip_gives_its_reason(directory, framework):
+def test_checkov_offline_is_clean_and_every_skip_gives_its_reason(directory, framework, tmp_path):
     """checkov over the modules and the roles, offline: --skip-download (no external modules, no policy
     metadata), no API key, and a proxy nobody listens on, so an attempt to reach the network fails at once
-    instead of waiting. A finding is fixed or skipped inline (# checkov:skip=ID:reason) with its reason."""
+    instead of waiting. A finding is fixed or skipped inline (# checkov:skip=ID:reason) with its reason.
+    Its temporary files go to the test's own directory: its HCL parser caches its grammar in TMPDIR (a
+    ``.lark_cache_*.tmp`` that a CI simulation found left in /tmp)."""
     assert CHECKOV.exists(), f"{CHECKOV} is missing: scripts/bootstrap.sh installs it from requirements-checkov.lock"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BC_", "PRISMA_", "CKV_"))}
-    env.update(HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9", NO_PROXY="", NO_COLOR="1")
+    env.update(HTTP_PROXY="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9", NO_PROXY="", NO_COLOR="1",
+               TMPDIR=str(tmp_path))
     res = subprocess.run([str(CHECKOV), "-d", directory, "--framework", framework, "--skip-download", "--compact",
                           "--output", "json"], cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
