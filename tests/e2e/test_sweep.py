@@ -30,10 +30,11 @@ from tests.reliability import runs
 pytestmark = [pytest.mark.e2e, needs_root()]
 CLUSTER = "tfct-sw"
 #: the first two trials' steps: each trial's chief is paused (SIGSTOP) once the sweep prints its step 250 or
-#: later, and continued as soon as the Ctrl-C's stop is pending on it, so both are stopped mid-run whatever the
-#: machine's speed (without the pause, 1000 steps once let both chiefs publish before the stop reached them in
-#: CI, and 3000 cost the resumed run ~2 x 2750 steps). The pause lands 2-3 s after step 250 (the chief's
-#: status each second, the sweep's poll each second, SSH): at the fastest rate seen, ~135 steps/s, by ~650
+#: later, and continued once the Ctrl-C's stop reaches it, so both are stopped mid-run whatever the machine's
+#: speed (without the pause, 1000 steps once let both chiefs publish before the stop reached them in CI, and 3000
+#: cost the resumed run ~2 x 2750 steps). The pause lands 2-3 s after step 250 (the chief's status each second,
+#: the sweep's poll each second, SSH): at the fastest rate seen, ~135 steps/s, by ~650; paused, a chief runs
+#: 0.2 s in every 2.7 (its worker's heartbeats), ~10 steps a second at that rate.
 STEPS = 1200
 SHORT = 300     # the last two trials' steps: they start after the resume and are not interrupted
 GROUPS = (CLUSTER, f"{CLUSTER}-g1")
@@ -88,46 +89,22 @@ def record(home) -> dict:
     return json.loads((home / CLUSTER / "sweeps" / "steps-lr" / "sweep.json").read_text())
 
 
-def _continue(home, group: str) -> None:
-    """SIGCONT to the group's chief (best effort: its supervisor may have ended it meanwhile)."""
-    try:
-        runs.signal_task(home, group, runs.cluster_nodes(home, group), "chief-0", signal.SIGCONT)
-    except (AssertionError, subprocess.SubprocessError):
-        pass
-
-
-def _continue_each_once_stopping(home, waiting: dict[str, str], timeout: float = 120) -> None:
-    """Continue each paused chief of ``waiting`` (trial id -> group) as soon as the stop's notice (SIGUSR1: save
-    the step reached, then end) is pending on it, removing it from ``waiting``: the stop waits at most 60 s for
-    that save before its SIGINT, and the two trials' stops come apart."""
-    deadline = time.monotonic() + timeout
-    while waiting and time.monotonic() < deadline:
-        for trial, group in list(waiting.items()):
-            try:
-                runs.wait_for_pending(home, group, runs.cluster_nodes(home, group), "chief-0", signal.SIGUSR1,
-                                      timeout=0.5)
-            except AssertionError:
-                continue
-            _continue(home, group)
-            del waiting[trial]
-    assert not waiting, f"the stop never reached the paused chief of {sorted(waiting.values())}"
-
-
 @pytest.fixture(scope="module")
 def interrupted(files, home, env):
-    """The first run, Ctrl-C'd once both groups' first trials have trained past their second checkpoint: each
-    trial's chief is paused there until the stop is pending on it (:data:`STEPS`). The sweep's output is read
-    by a thread throughout, so that the sweep never blocks on a full pipe."""
+    """The first run, Ctrl-C'd once both groups' first trials have trained past step 250: each trial's chief is
+    paused there until the Ctrl-C's stop reaches it (:data:`STEPS`; :class:`runs.PausedUntilStop` lets it run a
+    moment every 2.5 s meanwhile, so that its worker's heartbeats go through: a chief paused for the other trial
+    to catch up and then for its stop, ~14 s once, lost its worker). The sweep's output is read by a thread
+    throughout, so that the sweep never blocks on a full pipe."""
     proc = subprocess.Popen(sweep_cmd(files), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, preexec_fn=interruptible)
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put(None)], daemon=True)
     reader.start()
-    out, paused, stopped = [], {}, False      # paused: trial id -> its group, whose chief was paused
-    waiting = {}                               # those not continued yet
+    out, pausers, stopped = [], {}, False      # pausers: trial id -> its chief's pauser
     deadline = time.monotonic() + 1200
     try:
-        while len(paused) < 2:
+        while len(pausers) < 2:
             try:
                 line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
             except queue.Empty:
@@ -136,18 +113,19 @@ def interrupted(files, home, env):
                          "step 250:\n" + "".join(out[-80:])
             out.append(line)
             m = re.match(rf"\[(t\d+) (\S+)\]\s+\[training\] step (\d+)/{STEPS}", line)
-            if m and int(m.group(3)) >= 250 and m.group(1) not in paused:
-                waiting[m.group(1)] = paused[m.group(1)] = m.group(2)
-                runs.signal_task(home, m.group(2), runs.cluster_nodes(home, m.group(2)), "chief-0", signal.SIGSTOP)
+            if m and int(m.group(3)) >= 250 and m.group(1) not in pausers:
+                group = m.group(2)
+                pausers[m.group(1)] = runs.PausedUntilStop(home, group, runs.cluster_nodes(home, group), "chief-0")
             assert time.monotonic() < deadline, "".join(out[-80:])
         proc.send_signal(signal.SIGINT)
         stopped = True
-        _continue_each_once_stopping(home, waiting)
+        for trial, pauser in pausers.items():
+            print(f"{trial}'s chief: {pauser.wait(timeout=120)}", flush=True)
     finally:
         if not stopped and proc.poll() is None:
             proc.send_signal(signal.SIGINT)     # the sweep stops its trials (each in a session of its own)
-        for group in waiting.values():
-            _continue(home, group)
+        for pauser in pausers.values():
+            pauser.__exit__(None, None, None)
         try:
             proc.wait(timeout=300)
         finally:
@@ -156,7 +134,7 @@ def interrupted(files, home, env):
             reader.join(timeout=30)
     while (line := lines.get_nowait() if not lines.empty() else None) is not None:
         out.append(line)
-    return proc.returncode, "".join(out), set(paused)
+    return proc.returncode, "".join(out), set(pausers)
 
 
 def test_a_sweep_brings_up_its_groups_and_ctrl_c_leaves_its_trials_resumable(interrupted, home):

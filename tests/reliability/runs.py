@@ -155,6 +155,84 @@ class OnLogLine:
                 pass   # the watcher gives up by itself (its timeout, or the next run's log)
 
 
+#: runs on the node (python3 -c): pauses the task (SIGSTOP) until a stop that saves reaches it (its supervisor's
+#: log line, or its SIGUSR1 pending), then continues it. A `multi_worker_mirrored` task is let run for a moment
+#: every PAUSE_S seconds meanwhile: its peers' heartbeats to TensorFlow's coordination service (sent every ~5 s,
+#: failing after 10 s) would otherwise fail during a long pause and end the run before its stop came.
+_PAUSER = r"""
+import json, os, re, signal, sys, time
+task, pause_s, run_s, timeout = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+pid = json.load(open(os.path.join(task, "supervisor.json")))["child_pid"]
+log = os.path.join(task, "node.log")
+start = os.path.getsize(log)
+usr1 = 1 << (signal.SIGUSR1 - 1)
+def stop_came():
+    with open(log, "rb") as f:
+        f.seek(start)
+        if b"stop that saves first" in f.read():
+            return True
+    status = open(f"/proc/{pid}/status").read()
+    return any(int(m, 16) & usr1 for m in re.findall(r"^(?:ShdPnd|SigPnd):\s+([0-9a-f]+)$", status, re.M))
+os.kill(pid, signal.SIGSTOP)
+print("paused", flush=True)
+end, paused, cycles = time.monotonic() + timeout, time.monotonic(), 0
+try:
+    while not stop_came():
+        if time.monotonic() > end:
+            sys.exit(3)
+        if time.monotonic() - paused > pause_s:
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(run_s)
+            os.kill(pid, signal.SIGSTOP)
+            paused, cycles = time.monotonic(), cycles + 1
+        time.sleep(0.1)
+finally:
+    os.kill(pid, signal.SIGCONT)
+print(f"continued (let run {cycles} times)", flush=True)
+"""
+
+
+class PausedUntilStop:
+    """Pause a node's task now and continue it once a stop that saves (a Ctrl-C of its train) reaches it: the
+    stop then lands at the step it was paused near, whatever the machine's speed. Every ``pause_s`` seconds the
+    task runs for ``run_s`` (see :data:`_PAUSER`). A context manager: leaving it ends the pauser, the task
+    continued, if the stop never came."""
+
+    def __init__(self, home: Path, cluster: str, nodes: dict, node: str, pause_s: float = 2.5,
+                 run_s: float = 0.2, timeout: float = 300):
+        self.what = f"{cluster}'s {node}"
+        self.token = f"tfct-pause-{os.getpid()}-{time.monotonic_ns()}"
+        self.ip = nodes[f"{cluster}-{node}"]["private_ip"]
+        self.home, self.cluster = home, cluster
+        command = " ".join(shlex.quote(a) for a in ("python3", "-c", _PAUSER, TASK, str(pause_s), str(run_s),
+                                                    str(timeout), self.token))
+        self.proc = subprocess.Popen(ssh_argv(home, cluster, self.ip, command), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = self.proc.stdout.readline().strip()
+        assert first == "paused", f"{self.what} was not paused: {first} {self.proc.stderr.read()}"
+
+    def wait(self, timeout: float = 300) -> str:
+        """Wait until the stop reached the task and it was continued; what the pauser said."""
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the stop never reached {self.what} within {timeout}s") from None
+        assert self.proc.returncode == 0 and "continued" in out, (self.what, self.proc.returncode, out, err)
+        return out.strip()
+
+    def __enter__(self) -> PausedUntilStop:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+            try:     # the pauser's finally continues the task; "[t]fct-pause-…" skips this command's own line
+                ssh(self.home, self.cluster, self.ip, f"pkill -f '[{self.token[0]}]{self.token[1:]}'", timeout=15)
+            except subprocess.TimeoutExpired:
+                pass   # it gives up by itself (its timeout)
+
+
 def train_paused_at(env: dict, home: Path, cluster: str, nodes: dict, pattern: str, *args: str) -> Train:
     """Start ``tfcluster train *args`` and return it once the chief's task is paused (SIGSTOP) at the first
     line of its log matching ``pattern``: the fault then lands at that line. Continue the chief with
