@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import signal
 import subprocess
@@ -169,9 +170,9 @@ def pytest_collection_modifyitems(config, items):
             item.fixturenames.insert(0, "node_image")
     items.sort(key=_tier)   # stable: a file's tests stay together and in order
     im = [item for item in items if Path(str(item.fspath)).resolve() == IM_E2E]
-    if im and items:
+    if im:
         rest = [item for item in items if item not in im]
-        first = [item for item in rest if item.fspath == rest[0].fspath]
+        first = list(itertools.takewhile(lambda item: item.fspath == rest[0].fspath, rest))
         items[:] = first + im + rest[len(first):]
 
 

@@ -92,8 +92,8 @@ def record(home) -> dict:
 @pytest.fixture(scope="module")
 def interrupted(files, home, env):
     """The first run, Ctrl-C'd once both groups' first trials have trained past step 250: each trial's chief is
-    paused there until the Ctrl-C's stop reaches it (:data:`STEPS`; :class:`runs.PausedUntilStop` lets it run a
-    moment every 2.5 s meanwhile, so that its worker's heartbeats go through: a chief paused for the other trial
+    paused there until the Ctrl-C's stop reaches it (:data:`STEPS`; :class:`runs.PausedUntilStop` lets it run 0.2 s
+    in about every 2.7 meanwhile, so that its worker's heartbeats go through: a chief paused for the other trial
     to catch up and then for its stop, ~14 s once, lost its worker). The sweep's output is read by a thread
     throughout, so that the sweep never blocks on a full pipe."""
     proc = subprocess.Popen(sweep_cmd(files), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -115,7 +115,8 @@ def interrupted(files, home, env):
             m = re.match(rf"\[(t\d+) (\S+)\]\s+\[training\] step (\d+)/{STEPS}", line)
             if m and int(m.group(3)) >= 250 and m.group(1) not in pausers:
                 group = m.group(2)
-                pausers[m.group(1)] = runs.PausedUntilStop(home, group, runs.cluster_nodes(home, group), "chief-0")
+                pausers[m.group(1)] = runs.PausedUntilStop(home, group, runs.cluster_nodes(home, group), "chief-0",
+                                                           timeout=max(60.0, deadline - time.monotonic()) + 300)
             assert time.monotonic() < deadline, "".join(out[-80:])
         proc.send_signal(signal.SIGINT)
         stopped = True

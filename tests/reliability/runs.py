@@ -162,6 +162,10 @@ class OnLogLine:
 _PAUSER = r"""
 import json, os, re, signal, sys, time
 task, pause_s, run_s, timeout = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+def ended(signum, frame):      # a SIGTERM (the test's cleanup) still continues the task: the finally below
+    raise SystemExit(1)
+signal.signal(signal.SIGTERM, ended)
+signal.signal(signal.SIGHUP, ended)
 pid = json.load(open(os.path.join(task, "supervisor.json")))["child_pid"]
 log = os.path.join(task, "node.log")
 start = os.path.getsize(log)
@@ -171,9 +175,17 @@ def stop_came():
         f.seek(start)
         if b"stop that saves first" in f.read():
             return True
-    status = open(f"/proc/{pid}/status").read()
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except FileNotFoundError:
+        return True            # the task ended (a stop that came and was handled in a run window)
     return any(int(m, 16) & usr1 for m in re.findall(r"^(?:ShdPnd|SigPnd):\s+([0-9a-f]+)$", status, re.M))
-os.kill(pid, signal.SIGSTOP)
+def send(signum):
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+send(signal.SIGSTOP)
 print("paused", flush=True)
 end, paused, cycles = time.monotonic() + timeout, time.monotonic(), 0
 try:
@@ -181,13 +193,13 @@ try:
         if time.monotonic() > end:
             sys.exit(3)
         if time.monotonic() - paused > pause_s:
-            os.kill(pid, signal.SIGCONT)
+            send(signal.SIGCONT)
             time.sleep(run_s)
-            os.kill(pid, signal.SIGSTOP)
+            send(signal.SIGSTOP)
             paused, cycles = time.monotonic(), cycles + 1
         time.sleep(0.1)
 finally:
-    os.kill(pid, signal.SIGCONT)
+    send(signal.SIGCONT)
 print(f"continued (let run {cycles} times)", flush=True)
 """
 
@@ -209,7 +221,9 @@ class PausedUntilStop:
         self.proc = subprocess.Popen(ssh_argv(home, cluster, self.ip, command), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         first = self.proc.stdout.readline().strip()
-        assert first == "paused", f"{self.what} was not paused: {first} {self.proc.stderr.read()}"
+        if first != "paused":
+            self.__exit__(None, None, None)
+            raise AssertionError(f"{self.what} was not paused: {first} {self.proc.stderr.read()}")
 
     def wait(self, timeout: float = 300) -> str:
         """Wait until the stop reached the task and it was continued; what the pauser said."""
@@ -227,10 +241,12 @@ class PausedUntilStop:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-            try:     # the pauser's finally continues the task; "[t]fct-pause-…" skips this command's own line
+            try:     # its SIGTERM handler continues the task; "[t]fct-pause-…" skips this command's own line
                 ssh(self.home, self.cluster, self.ip, f"pkill -f '[{self.token[0]}]{self.token[1:]}'", timeout=15)
             except subprocess.TimeoutExpired:
-                pass   # it gives up by itself (its timeout)
+                pass   # it gives up by itself (its timeout), and continues the task
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            pipe.close()
 
 
 def train_paused_at(env: dict, home: Path, cluster: str, nodes: dict, pattern: str, *args: str) -> Train:
