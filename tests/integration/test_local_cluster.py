@@ -164,7 +164,7 @@ def test_make_up_train_down_tears_down_when_a_goal_fails(home, cluster):
 
 
 LISTENER = ("import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-            "s.bind(('0.0.0.0', 2222)); s.listen(); s.settimeout(60)\n"
+            "s.bind(('0.0.0.0', 2222)); s.listen(); s.settimeout(60); print('listening', flush=True)\n"
             "while True:\n    c, a = s.accept(); c.sendall(b'ok'); c.close()")
 
 
@@ -218,7 +218,8 @@ def test_a_node_cannot_reach_the_host_and_its_tf_port_answers_members_only(home,
          f"debian@{chief}", f"timeout 60 python3 -c \"{LISTENER}\""],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        time.sleep(2)
+        ready = listen.stdout.readline().strip()       # it listens before the probes (a slow login took > 2 s)
+        assert ready == "listening", ready + listen.stdout.read()
         from_member = ssh(home, cluster, worker, f"python3 -c \"{_connect(chief, 2222)}\"", as_root=False)
         assert from_member.stdout.strip() == "open ok", from_member.stdout + from_member.stderr
         from_host = subprocess.run([PYTHON, "-c", _connect(chief, 2222)], capture_output=True, text=True, timeout=30)

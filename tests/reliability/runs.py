@@ -78,33 +78,41 @@ def signal_task(home: Path, cluster: str, nodes: dict, node: str, signum: int) -
 
 
 #: runs on the node (python3 -c): watches the task's node.log and signals the task at the first line matching
-#: the pattern. It ignores the log it finds at its start (the previous run's: the run's start renames it to
-#: node.log.1) and follows the next one; if that one is replaced too (a later run), it gives up.
+#: the pattern (after the first line matching ``after``, when one is given). It ignores the log it finds at its
+#: start (the previous run's: the run's start renames it to node.log.1) and follows the next one, or with
+#: ``current`` follows that log from its present end (a run under way); if the one it follows is replaced (a
+#: later run), it gives up.
 _WATCHER = r"""
 import json, os, re, sys, time
 log, pattern, signum = sys.argv[1], re.compile(sys.argv[2].encode()), int(sys.argv[3])
 end = time.time() + float(sys.argv[4])
+current, after = sys.argv[6] == "current", re.compile(sys.argv[7].encode()) if sys.argv[7] else None
 def inode():
     try:
         return os.stat(log).st_ino
     except FileNotFoundError:
         return None
 old, ours, pos, rest = inode(), None, 0, b""
+if current and old is not None:
+    ours, pos = old, os.path.getsize(log)
 print("watching", flush=True)
 while time.time() < end:
     now = inode()
-    if now is not None and now != old:
-        if ours is None:
-            ours = now
-        elif now != ours:
-            sys.exit(4)
+    if now is not None and now != ours and ours is not None:
+        sys.exit(4)
+    if now is not None and (now == ours or now != old):
+        ours = now
         with open(log, "rb") as f:
             f.seek(pos)
             chunk = f.read()
             pos += len(chunk)
         lines = (rest + chunk).split(b"\n")
         rest = lines.pop()
-        if any(pattern.search(line) for line in lines):
+        for i, line in enumerate(lines):
+            if after is not None and after.search(line):
+                lines, after = lines[i + 1:], None
+                break
+        if after is None and any(pattern.search(line) for line in lines):
             pid = json.load(open(os.path.join(os.path.dirname(log), "supervisor.json")))["child_pid"]
             os.kill(pid, signum)
             print("fired", flush=True)
@@ -118,16 +126,19 @@ class OnLogLine:
     """Send ``signum`` to a node's task the moment its log gets a line matching ``pattern`` (a regular
     expression): a watcher on the node itself acts within ~20 ms, where a poll of the chief's status over SSH
     lags it by 1-2 s (~300 steps at this machine's fast phase). Make it before the run starts: it watches the
-    log that run's start makes. A context manager: leaving it stops the watcher if it has not fired."""
+    log that run's start makes; or with ``current``, while a run's task is paused: it follows that run's log
+    from its present end. With ``after``, only lines after the first matching that expression count. A
+    context manager: leaving it stops the watcher if it has not fired."""
 
     def __init__(self, home: Path, cluster: str, nodes: dict, node: str, pattern: str, signum: int,
-                 timeout: float = 600):
-        self.what = f"{signal.Signals(signum).name} to {node} at /{pattern}/"
+                 timeout: float = 600, current: bool = False, after: str = ""):
+        self.what = f"{signal.Signals(signum).name} to {node} at /{pattern}/" + (f" after /{after}/" if after else "")
         self.token = f"tfct-watch-{os.getpid()}-{time.monotonic_ns()}"
         self.ip = nodes[f"{cluster}-{node}"]["private_ip"]
         self.home, self.cluster = home, cluster
         command = " ".join(shlex.quote(a) for a in ("python3", "-c", _WATCHER, f"{TASK}/node.log", pattern,
-                                                    str(int(signum)), str(timeout), self.token))
+                                                    str(int(signum)), str(timeout), self.token,
+                                                    "current" if current else "next", after))
         self.proc = subprocess.Popen(ssh_argv(home, cluster, self.ip, command), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         first = self.proc.stdout.readline().strip()

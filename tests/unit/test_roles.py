@@ -74,6 +74,18 @@ def _wait_state(d: Path, states, timeout=30.0) -> dict:
     raise AssertionError(f"supervisor never reached {states}: {_state(d)}")
 
 
+def _wait_running(d: Path, timeout=30.0) -> dict:
+    """The supervisor's state once its task has said ``running`` in its log: the shell has set its traps (a
+    signal between the supervisor's "running" and the trap would end it instead)."""
+    st = _wait_state(d, ("running",), timeout)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if "running" in (d / "node.log").read_text().splitlines():
+            return st
+        time.sleep(0.05)
+    raise AssertionError(f"the task never said running: {(d / 'node.log').read_text()}")
+
+
 def test_supervisor_restarts_with_bounded_tries_and_env_file(tmp_path):
     env = tmp_path / "env"
     env.write_text("SECRET_FOR_TASK=s3cr3t\n")
@@ -197,12 +209,12 @@ def test_sigterm_is_a_notice_and_stop_still_stops(tmp_path):
     """A VM shutting down sends SIGTERM: the task is told to save; `stop` (Ctrl-C, end of a run) just stops."""
     d = tmp_path / "shutdown"
     _sup("start", "--dir", str(d), "--", "/bin/sh", "-c", SAVES_ON_NOTICE)
-    st = _wait_state(d, ("running",))
+    st = _wait_running(d)
     os.kill(st["pid"], signal.SIGTERM)
     assert _wait_state(d, ("preempted",), timeout=20)["notice"] == "SIGTERM"
     d = tmp_path / "stopped"
     _sup("start", "--dir", str(d), "--", "/bin/sh", "-c", SAVES_ON_NOTICE)
-    _wait_state(d, ("running",))
+    _wait_running(d)
     assert _sup("stop", "--dir", str(d)).stdout.startswith("stopped")
     assert _state(d)["state"] == "stopped" and "saved-at-once" not in (d / "node.log").read_text().splitlines()
 
@@ -212,7 +224,7 @@ def test_stop_that_saves_first_lets_the_task_save_and_end_and_records_it_stopped
     recorded stopped, not preempted, never restarted; one that does not end in time is stopped all the same."""
     d = tmp_path / "saves"
     _sup("start", "--dir", str(d), "--max-restarts", "3", "--", "/bin/sh", "-c", SAVES_ON_NOTICE)
-    _wait_state(d, ("running",))
+    _wait_running(d)
     assert _state(d)["saves_first"] is True
     out = _sup("stop", "--dir", str(d), "--save", "20").stdout
     assert out.startswith("stopped: the task ended by itself after the stop that saves first (exit 5, state "
@@ -224,7 +236,7 @@ def test_stop_that_saves_first_lets_the_task_save_and_end_and_records_it_stopped
     # a task that ignores the notice: after --save's seconds, the usual stop (SIGINT) ends it
     late = tmp_path / "ignores"
     _sup("start", "--dir", str(late), "--", "/bin/sh", "-c", "trap '' USR1; echo running; while :; do sleep 0.1; done")
-    _wait_state(late, ("running",))
+    _wait_running(late)
     started = time.monotonic()
     out = _sup("stop", "--dir", str(late), "--save", "1").stdout
     assert out.splitlines() == ["the task did not end within 1 s of the stop that saves first: stopping it",
