@@ -29,13 +29,15 @@ from tests.reliability import runs
 
 pytestmark = [pytest.mark.e2e, needs_root()]
 CLUSTER = "tfct-sw"
-#: the first two trials' steps: each trial's chief is paused (SIGSTOP) once the sweep prints its step 250 or
-#: later, and continued once the Ctrl-C's stop reaches it, so both are stopped mid-run whatever the machine's
-#: speed (without the pause, 1000 steps once let both chiefs publish before the stop reached them in CI, and 3000
-#: cost the resumed run ~2 x 2750 steps). The pause lands 2-3 s after step 250 (the chief's status each second,
-#: the sweep's poll each second, SSH): at the fastest rate seen, ~135 steps/s, by ~650; paused, a chief runs
+#: the first two trials' steps: each trial's chief is paused (SIGSTOP) at the first line of its log past step
+#: 250 (a pauser on its node, started as the sweep prints the trial's first step), and continued once the
+#: Ctrl-C's stop reaches it, so both are stopped mid-run whatever the machine's speed (without the pause, 1000
+#: steps once let both chiefs publish before the stop reached them in CI, and 3000 cost the resumed run ~2 x
+#: 2750 steps). The chief logs a line about once a second: at the fastest rate seen, ~135 steps/s, it pauses
+#: by ~400 (paused when the sweep printed step 250, 2-3 s later, it had paused by ~650); paused, a chief runs
 #: 0.2 s in every 2.7 (its worker's heartbeats), ~10 steps a second at that rate.
 STEPS = 1200
+PAUSE_AT = rf"^step (2[5-9][0-9]|[3-9][0-9][0-9]|1[01][0-9][0-9])/{STEPS} "
 SHORT = 300     # the last two trials' steps: they start after the resume and are not interrupted
 GROUPS = (CLUSTER, f"{CLUSTER}-g1")
 CLUSTER_FILE = f"""
@@ -92,10 +94,11 @@ def record(home) -> dict:
 @pytest.fixture(scope="module")
 def interrupted(files, home, env):
     """The first run, Ctrl-C'd once both groups' first trials have trained past step 250: each trial's chief is
-    paused there until the Ctrl-C's stop reaches it (:data:`STEPS`; :class:`runs.PausedUntilStop` lets it run 0.2 s
-    in about every 2.7 meanwhile, so that its worker's heartbeats go through: a chief paused for the other trial
-    to catch up and then for its stop, ~14 s once, lost its worker). The sweep's output is read by a thread
-    throughout, so that the sweep never blocks on a full pipe."""
+    paused at its first log line past it until the Ctrl-C's stop reaches it (:data:`STEPS`;
+    :class:`runs.PausedUntilStop` lets it run 0.2 s in about every 2.7 meanwhile, so that its worker's
+    heartbeats go through: a chief paused for the other trial to catch up and then for its stop, ~14 s once,
+    lost its worker). The sweep's output is read by a thread throughout, so that the sweep never blocks on a
+    full pipe."""
     proc = subprocess.Popen(sweep_cmd(files), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, preexec_fn=interruptible)
     lines: queue.Queue = queue.Queue()
@@ -109,15 +112,18 @@ def interrupted(files, home, env):
                 line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
             except queue.Empty:
                 line = ""
-            assert line, "the sweep ended, or printed nothing until the deadline, before both first trials passed " \
-                         "step 250:\n" + "".join(out[-80:])
+            assert line, "the sweep ended, or printed nothing until the deadline, before both first trials " \
+                         "trained:\n" + "".join(out[-80:])
             out.append(line)
             m = re.match(rf"\[(t\d+) (\S+)\]\s+\[training\] step (\d+)/{STEPS}", line)
-            if m and int(m.group(3)) >= 250 and m.group(1) not in pausers:
+            if m and m.group(1) not in pausers:      # the trial trains: pause its chief at its step 250 or later
                 group = m.group(2)
                 pausers[m.group(1)] = runs.PausedUntilStop(home, group, runs.cluster_nodes(home, group), "chief-0",
-                                                           timeout=max(60.0, deadline - time.monotonic()) + 300)
+                                                           timeout=max(60.0, deadline - time.monotonic()) + 300,
+                                                           at=PAUSE_AT)
             assert time.monotonic() < deadline, "".join(out[-80:])
+        for pauser in pausers.values():
+            pauser.wait_paused()
         proc.send_signal(signal.SIGINT)
         stopped = True
         for trial, pauser in pausers.items():

@@ -169,16 +169,27 @@ class OnLogLine:
 #: runs on the node (python3 -c): pauses the task (SIGSTOP) until a stop that saves reaches it (its supervisor's
 #: log line, or its SIGUSR1 pending), then continues it. A `multi_worker_mirrored` task is let run for a moment
 #: every PAUSE_S seconds meanwhile: its peers' heartbeats to TensorFlow's coordination service (sent every ~5 s,
-#: failing after 10 s) would otherwise fail during a long pause and end the run before its stop came.
+#: failing after 10 s) would otherwise fail during a long pause and end the run before its stop came. With a
+#: pattern, it pauses at the first line of the task's live log (from its start: the run's) that matches it.
 _PAUSER = r"""
 import json, os, re, signal, sys, time
 task, pause_s, run_s, timeout = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+at = re.compile(sys.argv[6].encode(), re.M) if sys.argv[6] else None
 def ended(signum, frame):      # a SIGTERM (the test's cleanup) still continues the task: the finally below
     raise SystemExit(1)
 signal.signal(signal.SIGTERM, ended)
 signal.signal(signal.SIGHUP, ended)
 pid = json.load(open(os.path.join(task, "supervisor.json")))["child_pid"]
 log = os.path.join(task, "node.log")
+if at is not None:
+    print("watching", flush=True)
+    end, seen = time.monotonic() + timeout, b""
+    while not at.search(seen):
+        if time.monotonic() > end or not os.path.exists(f"/proc/{pid}"):
+            sys.exit(3)
+        time.sleep(0.02)
+        with open(log, "rb") as f:
+            seen = f.read()
 start = os.path.getsize(log)
 usr1 = 1 << (signal.SIGUSR1 - 1)
 def stop_came():
@@ -216,25 +227,35 @@ print(f"continued (let run {cycles} times)", flush=True)
 
 
 class PausedUntilStop:
-    """Pause a node's task now and continue it once a stop that saves (a Ctrl-C of its train) reaches it: the
-    stop then lands at the step it was paused near, whatever the machine's speed. Every ``pause_s`` seconds the
-    task runs for ``run_s`` (see :data:`_PAUSER`). A context manager: leaving it ends the pauser, the task
-    continued, if the stop never came."""
+    """Pause a node's task now, or with ``at`` (a regular expression) at the first line of its run's log that
+    matches it (:meth:`wait_paused`), and continue it once a stop that saves (a Ctrl-C of its train) reaches
+    it: the stop then lands at the step it was paused near, whatever the machine's speed. Every ``pause_s``
+    seconds the task runs for ``run_s`` (see :data:`_PAUSER`). A context manager: leaving it ends the pauser,
+    the task continued, if the stop never came."""
 
     def __init__(self, home: Path, cluster: str, nodes: dict, node: str, pause_s: float = 2.5,
-                 run_s: float = 0.2, timeout: float = 300):
-        self.what = f"{cluster}'s {node}"
+                 run_s: float = 0.2, timeout: float = 300, at: str = ""):
+        self.what = f"{cluster}'s {node}" + (f" at /{at}/" if at else "")
         self.token = f"tfct-pause-{os.getpid()}-{time.monotonic_ns()}"
         self.ip = nodes[f"{cluster}-{node}"]["private_ip"]
         self.home, self.cluster = home, cluster
         command = " ".join(shlex.quote(a) for a in ("python3", "-c", _PAUSER, TASK, str(pause_s), str(run_s),
-                                                    str(timeout), self.token))
+                                                    str(timeout), self.token, at))
         self.proc = subprocess.Popen(ssh_argv(home, cluster, self.ip, command), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._expect("watching" if at else "paused")
+
+    def _expect(self, word: str) -> None:
         first = self.proc.stdout.readline().strip()
-        if first != "paused":
+        if first != word:
+            self._end()
+            err = self.proc.stderr.read()
             self.__exit__(None, None, None)
-            raise AssertionError(f"{self.what} was not paused: {first} {self.proc.stderr.read()}")
+            raise AssertionError(f"{self.what}: the pauser said {first!r}, not {word!r}: {err}")
+
+    def wait_paused(self) -> None:
+        """With ``at``: wait until the task's log got that line and the task was paused there."""
+        self._expect("paused")
 
     def wait(self, timeout: float = 300) -> str:
         """Wait until the stop reached the task and it was continued; what the pauser said."""
@@ -249,6 +270,11 @@ class PausedUntilStop:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._end()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            pipe.close()
+
+    def _end(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -256,8 +282,6 @@ class PausedUntilStop:
                 ssh(self.home, self.cluster, self.ip, f"pkill -f '[{self.token[0]}]{self.token[1:]}'", timeout=15)
             except subprocess.TimeoutExpired:
                 pass   # it gives up by itself (its timeout), and continues the task
-        for pipe in (self.proc.stdout, self.proc.stderr):
-            pipe.close()
 
 
 def train_paused_at(env: dict, home: Path, cluster: str, nodes: dict, pattern: str, *args: str) -> Train:
