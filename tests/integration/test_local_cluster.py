@@ -215,6 +215,7 @@ def test_a_node_cannot_reach_the_host_and_its_tf_port_answers_members_only(home,
     assert "tcp dport 2222 reject with tcp reset" in guard.stdout, guard.stdout + guard.stderr
     listen = subprocess.Popen(
         ["ssh", "-i", str(key), "-o", f"UserKnownHostsFile={key.parent / 'known_hosts'}", "-o", "BatchMode=yes",
+         "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
          f"debian@{chief}", f"timeout 60 python3 -c \"{LISTENER}\""],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -207,10 +207,15 @@ def send(signum):
         os.kill(pid, signum)
     except ProcessLookupError:
         pass
-send(signal.SIGSTOP)
-print("paused", flush=True)
+def say(word):               # the test may have gone (its ssh ended): the task is continued all the same
+    try:
+        print(word, flush=True)
+    except OSError:
+        pass
 end, paused, cycles = time.monotonic() + timeout, time.monotonic(), 0
 try:
+    send(signal.SIGSTOP)
+    say("paused")
     while not stop_came():
         if time.monotonic() > end:
             sys.exit(3)
@@ -222,7 +227,7 @@ try:
         time.sleep(0.1)
 finally:
     send(signal.SIGCONT)
-print(f"continued (let run {cycles} times)", flush=True)
+say(f"continued (let run {cycles} times)")
 """
 
 
@@ -238,7 +243,7 @@ class PausedUntilStop:
         self.what = f"{cluster}'s {node}" + (f" at /{at}/" if at else "")
         self.token = f"tfct-pause-{os.getpid()}-{time.monotonic_ns()}"
         self.ip = nodes[f"{cluster}-{node}"]["private_ip"]
-        self.home, self.cluster = home, cluster
+        self.home, self.cluster, self.at = home, cluster, at
         command = " ".join(shlex.quote(a) for a in ("python3", "-c", _PAUSER, TASK, str(pause_s), str(run_s),
                                                     str(timeout), self.token, at))
         self.proc = subprocess.Popen(ssh_argv(home, cluster, self.ip, command), stdin=subprocess.DEVNULL,
@@ -255,6 +260,7 @@ class PausedUntilStop:
 
     def wait_paused(self) -> None:
         """With ``at``: wait until the task's log got that line and the task was paused there."""
+        assert self.at, "a pauser without `at` pauses at its start"
         self._expect("paused")
 
     def wait(self, timeout: float = 300) -> str:

@@ -84,9 +84,10 @@ def test_worker_killed_at_30_percent(home, env, cluster):
     # data shard written again: 4.5 s alone here, ~9 s beside another test file), and at this machine's fast
     # phase 2400 steps left only ~7 s after a kill at 30 % (CI: the run ended before the rejoin). So once the
     # chief has seen the loss and trained on without the worker, it is paused (SIGSTOP) until the worker serves
-    # again: the rejoin then comes with most of the run left whatever the machine's speed. That second pause
-    # comes from a watcher on the chief's node, at the first step it reports after the loss (~20 ms): polled
-    # over SSH, it came 0.5-2.4 s after the loss, up to ~960 of the 1000 steps left at ~400 steps/s.
+    # again: the rejoin then comes with most of the run left. That second pause comes from a watcher on the
+    # chief's node at the first step line after the loss (~20 ms after it; the chief reports a step at most
+    # ~1 s after the loss, ~400 of the 1000 steps left at ~400 steps/s): polled over SSH, it came 0.5-2.4 s
+    # after the loss, up to ~960 of them.
     steps = 1400
     train = runs.train_paused_at(env, home, CLUSTER, cluster, "^checkpoint saved at step 400$",
                                  "--set", "training.checkpoint_every=200", "--steps", str(steps))

@@ -248,7 +248,7 @@ def test_stop_that_saves_first_lets_the_task_save_and_end_and_records_it_stopped
     # the usual stop only
     old = tmp_path / "earlier"
     _sup("start", "--dir", str(old), "--", "/bin/sh", "-c", SAVES_ON_NOTICE)
-    recorded = _wait_state(old, ("running",))
+    recorded = _wait_running(old)
     (old / "supervisor.json").write_text(json.dumps({k: v for k, v in recorded.items() if k != "saves_first"}))
     assert _sup("stop", "--dir", str(old), "--save", "20").stdout.splitlines() == ["stopped (state stopped)"]
     assert "saved-at-once" not in (old / "node.log").read_text().splitlines()
