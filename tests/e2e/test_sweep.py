@@ -33,8 +33,8 @@ CLUSTER = "tfct-sw"
 #: 250 (a pauser on its node, started as the sweep prints the trial's first step), and continued once the
 #: Ctrl-C's stop reaches it, so both are stopped mid-run whatever the machine's speed (without the pause, 1000
 #: steps once let both chiefs publish before the stop reached them in CI, and 3000 cost the resumed run ~2 x
-#: 2750 steps). The chief logs a line about once a second: at the fastest rate seen, ~135 steps/s, it pauses
-#: by ~400 (paused when the sweep printed step 250, 2-3 s later, it had paused by ~650); paused, a chief runs
+#: 2750 steps). The chief logs a line about once a second, at the end of a call: it paused at steps 520 and
+#: 444 in one run (paused when the sweep printed step 250, 2-3 s later, by ~650 at ~135 steps/s); paused, a chief runs
 #: 0.2 s in every 2.7 (its worker's heartbeats), ~10 steps a second at that rate.
 STEPS = 1200
 PAUSE_AT = rf"^step (2[5-9][0-9]|[3-9][0-9][0-9]|1[01][0-9][0-9])/{STEPS} "
