@@ -163,21 +163,35 @@ def pytest_collection_modifyitems(config, items):
     ``--no-loadscope-reorder``): the workers each take a whole file at a time (``--dist loadfile``), and
     the quick files fill in at the end instead of one long file running alone. IM's end-to-end goes second:
     its nodes need no node image, so where the image must be baked (a new machine, or a changed content key)
-    the second worker runs it while the first bakes, instead of waiting for the bake (~2 min)."""
+    the second worker runs it while the first bakes, instead of waiting for the bake (~2 min). The AWS files
+    follow it on that worker (:data:`WAITING`), beside the first worker's second file (an e2e: several
+    processes training)."""
     for item in items:
         rel = Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
         if rel.startswith(IMAGED) and not item.get_closest_marker("bare_image"):
             item.fixturenames.insert(0, "node_image")
     items.sort(key=_tier)   # stable: a file's tests stay together and in order
     im = [item for item in items if Path(str(item.fspath)).resolve() == IM_E2E]
+    waiting = [item for item in items if Path(str(item.fspath)).resolve() in WAITING]
     if im:
-        rest = [item for item in items if item not in im]
-        first = list(itertools.takewhile(lambda item: item.fspath == rest[0].fspath, rest))
-        items[:] = first + im + rest[len(first):]
+        rest = [item for item in items if item not in im and item not in waiting]
+        first = _first_file(rest)
+        second = _first_file(rest[len(first):])     # the first worker's next file: xdist hands each worker
+        items[:] = first + im + second + waiting + rest[len(first) + len(second):]    # two at its start
+
+
+def _first_file(items: list) -> list:
+    return list(itertools.takewhile(lambda item: item.fspath == items[0].fspath, items)) if items else []
 
 
 #: IM's end-to-end: a long file whose nodes need no node image
 IM_E2E = REPO / "tests" / "im" / "test_im_e2e.py"
+#: files that mostly wait, not compute: Terraform's AWS provider polls moto every 10 s for each VPC, subnet and
+#: instance it creates or destroys (tests/cloud/test_aws.py's up and down: ~45 s of its ~60 s). Their CPU use
+#: is low, so they run beside the e2e files, whose tasks can use every core, not beside other waiting or
+#: one-process files (a CI-like run of c014a64: test_aws.py's 99 s beside tests/harness' unit files, the
+#: machine 41-46 % busy)
+WAITING = (REPO / "tests" / "cloud" / "test_aws.py", REPO / "tests" / "cloud" / "test_aws_image.py")
 
 
 def _tier(item) -> int:
