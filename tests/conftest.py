@@ -189,7 +189,7 @@ IM_E2E = REPO / "tests" / "im" / "test_im_e2e.py"
 #: files that mostly wait, not compute: Terraform's AWS provider polls moto every 10 s for each VPC, subnet and
 #: instance it creates or destroys (tests/cloud/test_aws.py's up and down: ~45 s of its ~60 s). Their CPU use
 #: is low, so they run beside the e2e files, whose tasks can use every core, not beside other waiting or
-#: one-process files (a CI-like run of c014a64: test_aws.py's 99 s beside tests/harness' unit files, the
+#: one-process files (a CI-like run of c014a64: test_aws.py's 94 s beside tests/harness' unit files, the
 #: machine 41-46 % busy)
 WAITING = (REPO / "tests" / "cloud" / "test_aws.py", REPO / "tests" / "cloud" / "test_aws_image.py")
 
