@@ -175,9 +175,11 @@ def pytest_collection_modifyitems(config, items):
     waiting = [item for item in items if Path(str(item.fspath)).resolve() in WAITING]
     if im:
         rest = [item for item in items if item not in im and item not in waiting]
+        # xdist hands each worker two files at its start: the first worker gets first and second, the other
+        # IM's e2e and then the waiting files
         first = _first_file(rest)
-        second = _first_file(rest[len(first):])     # the first worker's next file: xdist hands each worker
-        items[:] = first + im + second + waiting + rest[len(first) + len(second):]    # two at its start
+        second = _first_file(rest[len(first):])
+        items[:] = first + im + second + waiting + rest[len(first) + len(second):]
 
 
 def _first_file(items: list) -> list:
