@@ -176,7 +176,7 @@ def pytest_collection_modifyitems(config, items):
     if im:
         rest = [item for item in items if item not in im and item not in waiting]
         # xdist hands each worker two files at its start: the first worker gets first and second, the other
-        # IM's e2e and then the waiting files
+        # IM's e2e and the first waiting file (the next goes to the worker that asks first)
         first = _first_file(rest)
         second = _first_file(rest[len(first):])
         items[:] = first + im + second + waiting + rest[len(first) + len(second):]
