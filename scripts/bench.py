@@ -53,8 +53,12 @@ SHAPES = {
     "parameter_server": ("ps", {"ps": 1, "worker": 2}),
     "multi_worker_mirrored": ("mwms", {"ps": 0, "worker": 2}),
 }
-#: model -> training steps (enough for a rate: the heavier model's steps take ~40x longer)
-MODELS = {"digits": 600, "shapes32": 150}
+#: model -> training steps: enough for a steady rate (the heavier model's steps take ~40x longer). At 600 digits
+#: steps (~2 s under parameter_server) the loop was mostly its start: the first call's tracing and the
+#: parameter-server loop raising its steps per scheduled function from 3 to 36 (2026-12-02, one run each, 5 min
+#: apart: ratio 0.50 at 600 steps, 0.67 at 3000; after the first call 0.62 and 0.72; cluster examples/s +54 %
+#: while a plain step went from 1.65 to 1.45 ms, -12 %)
+MODELS = {"digits": 3000, "shapes32": 150}
 #: --threads: share = the local provider's default (each node's share of the cores); tensorflow = its defaults
 #: (provider_options.task_threads=0); compare = both, one train each
 THREADS = ("share", "tensorflow", "compare")

@@ -35,7 +35,7 @@ def test_defaults_are_every_model_and_strategy_with_each_nodes_share_of_the_core
     assert args.models == ["digits", "shapes32"]
     assert args.strategies == ["parameter_server", "multi_worker_mirrored"]
     assert bench.thread_modes(args.threads) == ["share"] and not args.scale
-    assert bench.steps_for("digits", args.steps) == 600 and bench.steps_for("shapes32", args.steps) == 150
+    assert bench.steps_for("digits", args.steps) == 3000 and bench.steps_for("shapes32", args.steps) == 150
     assert bench.steps_for("shapes32", 40) == 40                       # --steps: the same for every model
 
 
