@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import preemption, strategies, threads
+from . import preemption, strategies, tfimport, threads
 from . import settings as settings_mod
 from .status import write_status
 
@@ -143,6 +143,7 @@ def main(raw_settings: dict) -> int:
     settings = prepare_process(settings)
     print(f"tfc_harness: {settings.role} {settings.index} of cluster {settings.cluster} "
           f"run {settings.run_id} ({settings.strategy}) in {settings.state_dir}", flush=True)
+    tfimport.import_tensorflow()    # the warm interpreter a node's task is forked from imported it; else the lean way
     print(threads.apply(settings.threads.model_dump() if settings.threads else None), flush=True)
     strategy = strategies.get(settings.strategy)(settings)
     if not strategy.runs_loop():

@@ -1,6 +1,7 @@
 """TensorFlow's import, the lean way, in the controller's harness processes that always need it: the module
-check of ``validate`` and ``up`` (:func:`tfc_harness.prepare.check`, once the user's module is imported: a module
-importing Keras at its top has imported TensorFlow the usual way) and the verifying evaluator. (A run's data
+check of ``validate`` and ``up`` (:func:`tfc_harness.prepare.load`, before a module that imports TensorFlow or
+Keras when it loads, else :func:`tfc_harness.prepare.check` after it), the verifying evaluator, and a task
+started without a node's warm interpreter (the tests' own; a warm interpreter imported it already). (A run's data
 check, :func:`tfc_harness.prepare.run`, imports TensorFlow only when its stamp is missing.)
 
 Keras imports scikit-learn when it is installed, for wrappers no job uses (``keras.wrappers``). The controller's
