@@ -165,7 +165,7 @@ def pytest_collection_modifyitems(config, items):
     its nodes need no node image, so where the image must be baked (a new machine, or a changed content key)
     the second worker runs it while the first bakes, instead of waiting for the bake (~2 min). The AWS files
     follow it on that worker (:data:`WAITING`), beside the first worker's second file (an e2e: several
-    processes training)."""
+    processes training), with the 2 workers `make test` starts (see the comment below for what that takes)."""
     for item in items:
         rel = Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
         if rel.startswith(IMAGED) and not item.get_closest_marker("bare_image"):
@@ -175,8 +175,12 @@ def pytest_collection_modifyitems(config, items):
     waiting = [item for item in items if Path(str(item.fspath)).resolve() in WAITING]
     if im:
         rest = [item for item in items if item not in im and item not in waiting]
-        # xdist hands each worker two files at its start: the first worker gets first and second, the other
-        # IM's e2e and the first waiting file (the next goes to the worker that asks first)
+        # xdist (3.8, loadfile) hands each of 2 workers two files at its start: the first to be ready gets first
+        # and second, the other IM's e2e and the first waiting file; the next goes to the worker that asks first.
+        # It gives a worker its second file only while at most 2 of its tests are pending: this holds while the
+        # first file and IM's e2e have 1 test each (more, and the second and waiting files go to whichever
+        # worker drains first). With 3 workers the third gets the second file, and the waiting files the first
+        # two workers, beside the e2e of the third
         first = _first_file(rest)
         second = _first_file(rest[len(first):])
         items[:] = first + im + second + waiting + rest[len(first) + len(second):]

@@ -59,7 +59,7 @@ def check(job: dict, module: ModuleType | None = None, every_hparam_read: bool =
     reading any data. ``every_hparam_read``: :func:`check_hparams_read` (not in a sweep's trial: the sweep
     checked that over all of its trials)."""
     module = module or load(job["module"])
-    tfimport.import_tensorflow()      # the check builds the model (unless the module's import did: the lean way)
+    tfimport.import_tensorflow()      # the check builds the model (a no-op where load or the module imported it)
     check_imports(module, job.get("node_packages"))
     _check_data_source(job, module)
     loss = usermodel.loss_fn(module)
@@ -72,23 +72,28 @@ def check(job: dict, module: ModuleType | None = None, every_hparam_read: bool =
             "metrics": [m.name for m in metrics]}
 
 
-#: a model module importing one of these when it loads imports TensorFlow with it
+#: a model module importing one of these when it loads imports TensorFlow with it (by name: a package that imports
+#: TensorFlow itself, ``tensorflow_probability`` say, gets the usual import, with scikit-learn)
 TENSORFLOW_PACKAGES = frozenset({"tensorflow", "keras"})
 
 
 def load(model_module: str) -> ModuleType:
     """:func:`tfc_harness.usermodel.load`, TensorFlow imported the lean way first (:mod:`tfc_harness.tfimport`:
     without scikit-learn, ~0.45 s of CPU less here) where the module imports it or Keras when it loads, so that
-    its own import does not import it the usual way. Not where the source does not parse or a package it imports
-    then is not installed: that error comes first, without TensorFlow's ~2 s."""
+    its own import does not import it the usual way. Not where the source does not parse, imports a top-level
+    package that is not installed or has a relative import (the model module has no package: it fails): that
+    error comes first, without TensorFlow's ~2 s. (A missing submodule, or a package that is found but fails to
+    import, fails after it.)"""
     import ast
 
     path = usermodel.resolve_path(model_module)
     try:
-        tops = {dotted.split(".")[0] for _, dotted, _ in _load_time_imports(ast.parse(path.read_bytes(), str(path)))}
+        tree = ast.parse(path.read_bytes(), str(path))
     except (SyntaxError, ValueError, OSError):     # usermodel.load reports it
-        tops = set()
-    if tops & TENSORFLOW_PACKAGES and all(_installed(top) for top in tops):
+        return usermodel.load(model_module)
+    tops = {dotted.split(".")[0] for _, dotted, _ in _load_time_imports(tree)}
+    relative = any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
+    if tops & TENSORFLOW_PACKAGES and not relative and all(_installed(top) for top in tops):
         tfimport.import_tensorflow()
     return usermodel.load(model_module)
 
