@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tfc_harness.parameter_server import Dispatch
+from tfc_harness.parameter_server import MIN_STEPS_PER_DISPATCH, Dispatch
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 10, 64, 333])
@@ -44,9 +44,13 @@ def test_fast_steps_get_packed_toward_the_target_time():
     assert d.steps == 25
 
 
-def test_slow_steps_run_one_per_function_and_the_size_is_bounded():
+def test_slow_steps_run_a_few_per_function_up_to_a_second_and_the_size_is_bounded():
     d = Dispatch(workers=2, target_s=0.05, limit=40)
-    d.observe([1, 1], seconds=0.2)             # 200 ms a step
+    d.observe([1, 1], seconds=0.2)             # 200 ms a step: too long for the target, 4 a function
+    assert d.steps == MIN_STEPS_PER_DISPATCH == 4
+    d.observe([4, 4], seconds=1.4)             # 350 ms a step: as many as take a second
+    assert d.steps == 2
+    d.observe([2, 2], seconds=2.4)             # 1.2 s a step: one a function
     assert d.steps == 1
     d.observe([1] * 100, seconds=0.0)          # no measurable time: the limit, not a division by zero
     assert d.steps == 40
@@ -60,7 +64,7 @@ def test_a_call_with_fewer_functions_than_workers_counts_only_the_busy_ones():
 
 def test_a_size_is_reported_when_it_moves_by_half_or_more():
     d = Dispatch(workers=1, target_s=0.05)
-    assert d.observe([1], seconds=0.05) is False        # 1 step a function still
+    assert d.observe([1], seconds=1.2) is False         # 1 step a function still (a step over a second)
     assert d.observe([1] * 10, seconds=0.05) is True     # 5 ms a step: 10
     assert d.observe([10] * 2, seconds=0.08) is False    # 4 ms a step: 12, within half of 10
     assert d.observe([12] * 2, seconds=0.024) is True    # 1 ms a step: 50

@@ -28,6 +28,13 @@ LOSS_SAMPLES = 8              # remote losses fetched per train(n) call
 #: at 0.25 s, 3,868-4,404 (3-12 steps a function; 1200-step trains on a local 4-node cluster, interleaved)
 DISPATCH_TARGET_S = 0.25
 MAX_STEPS_PER_DISPATCH = 200
+#: a step too long for the target still runs this many a function, as long as they take at most
+#: LONG_FUNCTION_S: one step a function of the shapes32 bench model (~210 ms a worker step) paid the dispatch's
+#: cost on every step (interleaved runs, `scripts/bench.py --models shapes32 --strategies parameter_server`:
+#: 742 examples/s at 1 step a function, 800 at 4; docs/benchmark-history.md). A step over LONG_FUNCTION_S runs
+#: one a function, so that a call stays short for the progress, a stop and the stall watchdog
+MIN_STEPS_PER_DISPATCH = 4
+LONG_FUNCTION_S = 1.0
 
 
 class Dispatch:
@@ -35,8 +42,10 @@ class Dispatch:
 
     The first call runs one step per function (it also traces); after each call the time of one step on one
     worker is estimated (the call's seconds × the workers kept busy / its steps) and the next functions get
-    about ``target_s`` of steps each, between 1 and ``limit``.  A call never has fewer functions than
-    workers while it has steps for them, so no worker idles for want of a function.  A call whose steps were
+    about ``target_s`` of steps each, between 1 and ``limit``; where that is fewer than
+    :data:`MIN_STEPS_PER_DISPATCH`, that many, or as many as take :data:`LONG_FUNCTION_S` if fewer.  A call
+    never has fewer functions than workers while it has steps for them, so no worker idles for want of a
+    function.  A call whose steps were
     too few for functions of the planned size (a chunk cut short at a checkpoint) does not retune: its
     smaller functions carry the dispatch's cost over fewer steps, and the size swung down and back up with
     every checkpoint.
@@ -61,8 +70,11 @@ class Dispatch:
         by half or more since it was last reported (worth a log line)."""
         if max(sizes, default=0) < self.steps:
             return False
-        per_step = seconds * min(self.workers, len(sizes)) / max(1, sum(sizes))
-        self.steps = max(1, min(self.limit, int(self.target_s / max(per_step, 1e-6))))
+        per_step = max(seconds * min(self.workers, len(sizes)) / max(1, sum(sizes)), 1e-6)
+        steps = int(self.target_s / per_step)
+        if steps < MIN_STEPS_PER_DISPATCH:      # a long step: a few a function, up to LONG_FUNCTION_S of them
+            steps = min(MIN_STEPS_PER_DISPATCH, int(LONG_FUNCTION_S / per_step))
+        self.steps = max(1, min(self.limit, steps))
         if not self.reported / 1.5 < self.steps < self.reported * 1.5:
             self.reported = self.steps
             return True
