@@ -31,7 +31,8 @@ MAX_STEPS_PER_DISPATCH = 200
 #: a step too long for the target still runs this many a function, as long as they take at most
 #: LONG_FUNCTION_S: one step a function of the shapes32 bench model (~210 ms a worker step) paid the dispatch's
 #: cost on every step (interleaved runs, `scripts/bench.py --models shapes32 --strategies parameter_server`:
-#: 742 examples/s at 1 step a function, 800 at 4; docs/benchmark-history.md). A step over LONG_FUNCTION_S runs
+#: 638 / 654 examples/s at 1 step a function, 712 / 720 with this rule; docs/benchmark-history.md). A step over
+#: LONG_FUNCTION_S runs
 #: one a function, so that a call stays short for the progress, a stop and the stall watchdog
 MIN_STEPS_PER_DISPATCH = 4
 LONG_FUNCTION_S = 1.0
@@ -45,10 +46,9 @@ class Dispatch:
     about ``target_s`` of steps each, between 1 and ``limit``; where that is fewer than
     :data:`MIN_STEPS_PER_DISPATCH`, that many, or as many as take :data:`LONG_FUNCTION_S` if fewer.  A call
     never has fewer functions than workers while it has steps for them, so no worker idles for want of a
-    function.  A call whose steps were
-    too few for functions of the planned size (a chunk cut short at a checkpoint) does not retune: its
-    smaller functions carry the dispatch's cost over fewer steps, and the size swung down and back up with
-    every checkpoint.
+    function.  A call whose steps were too few for functions of the planned size (a chunk cut short at a
+    checkpoint) does not retune: its smaller functions carry the dispatch's cost over fewer steps, and the size
+    swung down and back up with every checkpoint.
     """
 
     def __init__(self, workers: int, target_s: float = DISPATCH_TARGET_S, limit: int = MAX_STEPS_PER_DISPATCH):
