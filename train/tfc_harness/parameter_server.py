@@ -32,8 +32,7 @@ MAX_STEPS_PER_DISPATCH = 200
 #: LONG_FUNCTION_S: one step a function of the shapes32 bench model (~210 ms a worker step) paid the dispatch's
 #: cost on every step (interleaved runs, `scripts/bench.py --models shapes32 --strategies parameter_server`:
 #: 638 / 654 examples/s at 1 step a function, 712 / 720 with this rule; docs/benchmark-history.md). A step over
-#: LONG_FUNCTION_S runs
-#: one a function, so that a call stays short for the progress, a stop and the stall watchdog
+#: LONG_FUNCTION_S runs one a function, so that a call stays short for the progress, a stop and the stall watchdog
 MIN_STEPS_PER_DISPATCH = 4
 LONG_FUNCTION_S = 1.0
 
