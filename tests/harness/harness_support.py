@@ -1,21 +1,29 @@
 """Helpers for the harness tests: paths, entry-script rendering, free ports, node processes.
 
-Everything listens on 127.0.0.1 only; :class:`Processes` kills every process it started.
+Everything listens on 127.0.0.1 only; :class:`Processes` kills every process it started, and the warm
+interpreters :class:`WarmInterpreters` starts end with the pytest process that started them.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
+import importlib.machinery
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_DIR = REPO / "train"
+NODE_FILES = REPO / "roles" / "tf_node" / "files"
 ENTRY_TEMPLATE = TRAIN_DIR / "entry.py.j2"
 if str(TRAIN_DIR) not in sys.path:
     sys.path.insert(0, str(TRAIN_DIR))
@@ -91,6 +99,101 @@ def node_env(extra: dict | None = None) -> dict:
     return env
 
 
+def _supervise_module():
+    """roles/tf_node/files/tfc-supervise as a module (it has no .py name to import it by)."""
+    loader = importlib.machinery.SourceFileLoader("tfc_supervise", str(NODE_FILES / "tfc-supervise"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)     # PR_SET_PDEATHSIG
+
+
+class WarmInterpreters:
+    """The node's warm interpreter (tfc-warm) for this pytest process's tasks, as a node starts them: each
+    task a fork of an interpreter that imported TensorFlow once (a plain start imports it again: ~2 s of CPU
+    per task, four at a time on 2 cores). One interpreter per import environment (tfc-supervise's
+    ``warm_key``: the variables read at import, PYTHONPATH among them), started by the first task that needs
+    it. Each dies with this process (PR_SET_PDEATHSIG) and its forks with it; :meth:`close` ends them at exit.
+    """
+
+    READY_S = 120.0
+
+    def __init__(self):
+        self.root: Path | None = None
+        self.servers: dict[str, tuple[subprocess.Popen, object] | None] = {}
+        self._supervise = None
+
+    def blockers(self) -> Path:
+        """A directory for PYTHONPATH that makes the packages the nodes lack unimportable: one per pytest
+        process, so that its tasks share one import environment and so one warm interpreter."""
+        path = self._root() / "not-on-nodes"
+        for package in NOT_ON_NODES:
+            if not (path / package).exists():
+                (path / package).mkdir(parents=True)
+                (path / package / "__init__.py").write_text(f"raise ImportError('{package} is not on nodes')\n")
+        return path
+
+    def _root(self) -> Path:
+        if self.root is None:
+            self.root = Path(tempfile.mkdtemp(prefix="tfc-harness-warm-"))
+            atexit.register(self.close)
+        return self.root
+
+    def start(self, cmd: list[str], env: dict, cwd: str | None, out):
+        """``cmd`` (``python script args``) forked by the warm interpreter of ``env``'s import environment,
+        with ``out`` as its stdout and stderr: a WarmChild (pid, poll, wait, returncode, as a Popen). None where
+        that interpreter could not load (the caller starts the task the plain way)."""
+        if self._supervise is None:
+            self._supervise = _supervise_module()
+        key = self._supervise.warm_key(sys.executable, env)
+        if key not in self.servers:
+            self.servers[key] = self._launch(key, env)
+        if self.servers[key] is None:
+            return None
+        return self.servers[key][1].start(cmd, env, cwd or os.getcwd(), out)
+
+    def _launch(self, key: str, env: dict):
+        directory = self._root() / key
+        directory.mkdir(mode=0o700)
+        proc = subprocess.Popen([sys.executable, str(NODE_FILES / "tfc-warm"), "serve", "--dir", str(directory),
+                                 "--key", key], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=env, cwd=directory, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+        record, deadline = directory / "warm.json", time.monotonic() + self.READY_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if json.loads(record.read_text()).get("ready") is True:
+                    return proc, self._supervise.WarmInterpreter(str(directory), sys.executable, env, {}, print)
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        log = directory / "warm.log"
+        print(f"warm interpreter not ready (exit {proc.returncode}): tasks start the plain way; "
+              f"{log.read_text(errors='replace')[-2000:] if log.exists() else ''}", file=sys.stderr)
+        return None
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            if server is not None and server[0].poll() is None:
+                server[0].kill()        # its forks die with it (PR_SET_PDEATHSIG)
+                server[0].wait(timeout=30)
+        self.servers.clear()
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+
+
+#: packages the controller has and the nodes lack
+NOT_ON_NODES = ("sklearn", "tensorboard")
+WARM = WarmInterpreters()
+
+
 class Processes:
     """Starts processes with their output in a log file and kills every one of them at the end."""
 
@@ -98,11 +201,17 @@ class Processes:
         self.log_dir = log_dir
         self.procs: dict[str, tuple[subprocess.Popen, Path]] = {}
 
-    def start(self, name: str, cmd: list[str], env: dict | None = None, cwd: str | None = None):
+    def start(self, name: str, cmd: list[str], env: dict | None = None, cwd: str | None = None,
+              warm: bool = False):
+        """Start ``cmd``; with ``warm`` (``cmd`` is ``sys.executable script args``) as a fork of this pytest
+        process's warm interpreter for ``env``, as a node's supervisor starts a task (:class:`WarmInterpreters`),
+        or the plain way where that interpreter could not load."""
         log = self.log_dir / f"{name}.log"
         with open(log, "wb") as fh:
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                    start_new_session=True)
+            proc = WARM.start(cmd, env if env is not None else dict(os.environ), cwd, fh) if warm else None
+            if proc is None:
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                        start_new_session=True)
         self.procs[name] = (proc, log)
         return proc
 

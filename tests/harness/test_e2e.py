@@ -3,7 +3,8 @@
 One test keeps the suite fast: the first chief trains to step FIRST_STEPS and publishes run A; a second
 chief with the same checkpoint prefix resumes at that step, trains to STEPS and publishes run B, which is
 read back and evaluated in a fresh process. Both runs' TensorBoard events are read back from S3.
-Nodes run as on a cluster: neither scikit-learn nor TensorBoard importable.
+Nodes run as on a cluster: neither scikit-learn nor TensorBoard importable, each task a fork of the warm
+interpreter (tfc-warm).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness_support import TRAIN_DIR, free_port, node_env, render_entry, s3_scalars
+from harness_support import TRAIN_DIR, WARM, free_port, node_env, render_entry, s3_scalars
 from tfc_harness import data, publish, sandbox, verify
 
 from tfcluster.poll import wait_until
@@ -57,21 +58,14 @@ def make_settings(endpoint: str, tf_cluster: dict, role: str, index: int, state_
     }
 
 
-NOT_ON_NODES = ("sklearn", "tensorboard")   # packages the controller has and the nodes lack
-
-
-def start_node(processes, tmp_path: Path, name: str, settings: dict):
-    """Render the entry script and run it like a node would: no scikit-learn or TensorBoard importable."""
-    blockers = tmp_path / "not-on-nodes"
-    for package in NOT_ON_NODES:
-        if not (blockers / package).exists():
-            (blockers / package).mkdir(parents=True)
-            (blockers / package / "__init__.py").write_text(f"raise ImportError('{package} is not on nodes')\n")
+def start_node(processes, tmp_path: Path, name: str, settings: dict, warm: bool = True):
+    """Render the entry script and run it like a node would: no scikit-learn or TensorBoard importable, a fork
+    of the warm interpreter (``warm``; else the plain way, as where a node's cannot fork it)."""
     script = tmp_path / "entry" / f"{name}.py"
     script.parent.mkdir(exist_ok=True)
     script.write_text(render_entry(TRAIN_DIR, settings))
-    env = node_env({"PYTHONPATH": str(blockers)})
-    return processes.start(name, [sys.executable, str(script)], env=env, cwd=str(tmp_path))
+    env = node_env({"PYTHONPATH": str(WARM.blockers())})
+    return processes.start(name, [sys.executable, str(script)], env=env, cwd=str(tmp_path), warm=warm)
 
 
 def wait_serving(processes, state_dirs: dict[str, Path], timeout_s: float) -> None:
