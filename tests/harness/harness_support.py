@@ -7,7 +7,6 @@ interpreters :class:`WarmInterpreters` starts end with the pytest process that s
 from __future__ import annotations
 
 import atexit
-import ctypes
 import importlib.machinery
 import importlib.util
 import json
@@ -99,16 +98,12 @@ def node_env(extra: dict | None = None) -> dict:
     return env
 
 
-def _supervise_module():
-    """roles/tf_node/files/tfc-supervise as a module (it has no .py name to import it by)."""
-    loader = importlib.machinery.SourceFileLoader("tfc_supervise", str(NODE_FILES / "tfc-supervise"))
+def _script_module(name: str):
+    """roles/tf_node/files/``name`` as a module (it has no .py name to import it by)."""
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(NODE_FILES / name))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
     return module
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)     # PR_SET_PDEATHSIG
 
 
 class WarmInterpreters:
@@ -116,10 +111,13 @@ class WarmInterpreters:
     task a fork of an interpreter that imported TensorFlow once (a plain start imports it again: ~2 s of CPU
     per task, four at a time on 2 cores). One interpreter per import environment (tfc-supervise's
     ``warm_key``: the variables read at import, PYTHONPATH among them), started by the first task that needs
-    it. Each dies with this process (PR_SET_PDEATHSIG) and its forks with it; :meth:`close` ends them at exit.
+    it, and again by the next one if it has died. Each dies with this process (PR_SET_PDEATHSIG, as its
+    forks die with it); :meth:`close` ends them at exit, and the first use removes the directories of
+    pytest processes killed before theirs could.
     """
 
     READY_S = 120.0
+    PREFIX = "tfc-harness-warm-"
 
     def __init__(self):
         self.root: Path | None = None
@@ -138,35 +136,48 @@ class WarmInterpreters:
 
     def _root(self) -> Path:
         if self.root is None:
-            self.root = Path(tempfile.mkdtemp(prefix="tfc-harness-warm-"))
+            _remove_orphaned(Path(tempfile.gettempdir()), self.PREFIX)
+            self.root = Path(tempfile.mkdtemp(prefix=f"{self.PREFIX}{os.getpid()}-"))
             atexit.register(self.close)
         return self.root
 
     def start(self, cmd: list[str], env: dict, cwd: str | None, out):
         """``cmd`` (``python script args``) forked by the warm interpreter of ``env``'s import environment,
         with ``out`` as its stdout and stderr: a WarmChild (pid, poll, wait, returncode, as a Popen). None where
-        that interpreter could not load (the caller starts the task the plain way)."""
+        that interpreter could not load or be reached (the caller starts the task the plain way, as a node's
+        supervisor does)."""
         if self._supervise is None:
-            self._supervise = _supervise_module()
-        key = self._supervise.warm_key(sys.executable, env)
-        if key not in self.servers:
-            self.servers[key] = self._launch(key, env)
-        if self.servers[key] is None:
+            self._supervise = _script_module("tfc-supervise")
+        key = self._supervise.warm_key(cmd[0], env)
+        tried, server = key in self.servers, self.servers.get(key)
+        if server is not None and server[0].poll() is not None:
+            print(f"warm interpreter {key} exited {server[0].returncode}: starting it again", file=sys.stderr)
+            tried = False
+        if not tried:       # one that could not load is not tried again: its tasks start the plain way
+            server = self.servers[key] = self._launch(cmd[0], key, env)
+        if server is None:
             return None
-        return self.servers[key][1].start(cmd, env, cwd or os.getcwd(), out)
+        try:
+            return server[1].start(cmd, env, cwd or os.getcwd(), out)
+        except OSError as exc:
+            print(f"warm interpreter {key} unreachable ({exc}): the task starts the plain way", file=sys.stderr)
+            return None
 
-    def _launch(self, key: str, env: dict):
+    def _launch(self, python: str, key: str, env: dict):
         directory = self._root() / key
+        shutil.rmtree(directory, ignore_errors=True)      # a server that died left its socket and record
         directory.mkdir(mode=0o700)
-        proc = subprocess.Popen([sys.executable, str(NODE_FILES / "tfc-warm"), "serve", "--dir", str(directory),
-                                 "--key", key], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=env, cwd=directory, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+        # PR_SET_PDEATHSIG by setpriv (util-linux), kept across its exec: a preexec_fn would run Python
+        # between fork and exec in a process that may have TensorFlow's or boto's threads
+        proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", python, str(NODE_FILES / "tfc-warm"), "serve",
+                                 "--dir", str(directory), "--key", key], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=directory,
+                                start_new_session=True)
         record, deadline = directory / "warm.json", time.monotonic() + self.READY_S
         while time.monotonic() < deadline and proc.poll() is None:
             try:
                 if json.loads(record.read_text()).get("ready") is True:
-                    return proc, self._supervise.WarmInterpreter(str(directory), sys.executable, env, {}, print)
+                    return proc, self._supervise.WarmInterpreter(str(directory), python, env, {}, print)
             except (OSError, ValueError):
                 pass
             time.sleep(0.05)
@@ -178,6 +189,20 @@ class WarmInterpreters:
               f"{log.read_text(errors='replace')[-2000:] if log.exists() else ''}", file=sys.stderr)
         return None
 
+    def signal(self, pid: int, sig: int) -> None:
+        """``sig`` to a task and the process group it leads, or to the task alone while it leads none (a
+        fork of the warm interpreter before its setsid), as the node's supervisor sends it."""
+        if self._supervise is None:
+            self._supervise = _script_module("tfc-supervise")
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        try:
+            self._supervise._signal_task(pid, fd, sig)
+        finally:
+            os.close(fd)
+
     def close(self) -> None:
         for server in self.servers.values():
             if server is not None and server[0].poll() is None:
@@ -187,6 +212,15 @@ class WarmInterpreters:
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
+
+
+def _remove_orphaned(tmp: Path, prefix: str) -> None:
+    """The directories ``prefix``PID-* of pytest processes no longer running (killed before their exit
+    could remove them)."""
+    for path in tmp.glob(f"{prefix}*"):
+        pid = path.name.removeprefix(prefix).partition("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 #: packages the controller has and the nodes lack
@@ -203,15 +237,15 @@ class Processes:
 
     def start(self, name: str, cmd: list[str], env: dict | None = None, cwd: str | None = None,
               warm: bool = False):
-        """Start ``cmd``; with ``warm`` (``cmd`` is ``sys.executable script args``) as a fork of this pytest
-        process's warm interpreter for ``env``, as a node's supervisor starts a task (:class:`WarmInterpreters`),
-        or the plain way where that interpreter could not load."""
+        """Start ``cmd`` with its stdin from /dev/null, as a node's task; with ``warm`` (``cmd`` is ``python
+        script args``) as a fork of this pytest process's warm interpreter for ``env``, as a node's supervisor
+        starts a task (:class:`WarmInterpreters`), or the plain way where that interpreter could not load."""
         log = self.log_dir / f"{name}.log"
         with open(log, "wb") as fh:
             proc = WARM.start(cmd, env if env is not None else dict(os.environ), cwd, fh) if warm else None
             if proc is None:
-                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                        start_new_session=True)
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                        env=env, cwd=cwd, start_new_session=True)
         self.procs[name] = (proc, log)
         return proc
 
@@ -229,15 +263,19 @@ class Processes:
     def kill(self, name: str) -> None:
         proc = self.procs[name][0]
         if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            WARM.signal(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
 
     def kill_all(self) -> None:
+        """Kill every process, each even where killing one before it failed; then raise the first failure."""
+        failures = []
         for name in list(self.procs):
-            self.kill(name)
+            try:
+                self.kill(name)
+            except Exception as exc:    # noqa: BLE001 - the rest must still be killed
+                failures.append(exc)
+        if failures:
+            raise failures[0]
 
 
 def example_settings(**overrides) -> dict:
