@@ -134,6 +134,12 @@ class WarmInterpreters:
                 (path / package / "__init__.py").write_text(f"raise ImportError('{package} is not on nodes')\n")
         return path
 
+    def _supervisor(self):
+        """tfc-supervise's code (loaded once): the node's own warm_key, WarmInterpreter and task signals."""
+        if self._supervise is None:
+            self._supervise = _script_module("tfc-supervise")
+        return self._supervise
+
     def _root(self) -> Path:
         if self.root is None:
             _remove_orphaned(Path(tempfile.gettempdir()), self.PREFIX)
@@ -146,9 +152,7 @@ class WarmInterpreters:
         with ``out`` as its stdout and stderr: a WarmChild (pid, poll, wait, returncode, as a Popen). None where
         that interpreter could not load or be reached (the caller starts the task the plain way, as a node's
         supervisor does)."""
-        if self._supervise is None:
-            self._supervise = _script_module("tfc-supervise")
-        key = self._supervise.warm_key(cmd[0], env)
+        key = self._supervisor().warm_key(cmd[0], env)
         tried, server = key in self.servers, self.servers.get(key)
         if server is not None and server[0].poll() is not None:
             print(f"warm interpreter {key} exited {server[0].returncode}: starting it again", file=sys.stderr)
@@ -177,7 +181,7 @@ class WarmInterpreters:
         while time.monotonic() < deadline and proc.poll() is None:
             try:
                 if json.loads(record.read_text()).get("ready") is True:
-                    return proc, self._supervise.WarmInterpreter(str(directory), python, env, {}, print)
+                    return proc, self._supervisor().WarmInterpreter(str(directory), python, env, {}, print)
             except (OSError, ValueError):
                 pass
             time.sleep(0.05)
@@ -192,14 +196,12 @@ class WarmInterpreters:
     def signal(self, pid: int, sig: int) -> None:
         """``sig`` to a task and the process group it leads, or to the task alone while it leads none (a
         fork of the warm interpreter before its setsid), as the node's supervisor sends it."""
-        if self._supervise is None:
-            self._supervise = _script_module("tfc-supervise")
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
             return
         try:
-            self._supervise._signal_task(pid, fd, sig)
+            self._supervisor()._signal_task(pid, fd, sig)
         finally:
             os.close(fd)
 

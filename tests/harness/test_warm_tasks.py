@@ -88,12 +88,12 @@ def test_a_warm_interpreter_that_died_is_started_again(tmp_path):
 def test_the_directories_of_pytest_processes_that_ended_are_removed(tmp_path):
     ended = subprocess.Popen(["true"])
     ended.wait()
+    prefix = WarmInterpreters.PREFIX
     for pid in (ended.pid, os.getpid()):
-        (tmp_path / f"tfc-harness-warm-{pid}-x1" / "key").mkdir(parents=True)
-    (tmp_path / "tfc-harness-warm-other").mkdir()     # not one of these: kept
-    _remove_orphaned(tmp_path, "tfc-harness-warm-")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"tfc-harness-warm-{os.getpid()}-x1",
-                                                          "tfc-harness-warm-other"]
+        (tmp_path / f"{prefix}{pid}-x1" / "key").mkdir(parents=True)
+    (tmp_path / f"{prefix}other").mkdir()     # not one of these: kept
+    _remove_orphaned(tmp_path, prefix)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{prefix}{os.getpid()}-x1", f"{prefix}other"]
 
 
 def test_a_warm_server_dies_with_the_process_that_started_it(tmp_path):
