@@ -167,7 +167,16 @@ def train(settings: Settings, strategy: Strategy, state: ChiefState, client, job
                                    min_interval_s=settings.checkpoint_min_interval_s, save=save,
                                    on_report=job.summaries.training,
                                    notices=notices, finite=saver.finite, round_steps=strategy.steps_per_round)
+    # the traced functions outlive the run: dropped here, each one's deletion has TensorFlow remove it from
+    # the context, which under parameter_server held the chief ~30 s at times between its last checkpoint and
+    # its evaluation (py-spy: AtomicFunction.__del__ -> Context.remove_function). The process ends with
+    # os._exit (runner.end_now), so they are never removed; one run's at a time (in-process tests run several)
+    _TRACED[:] = [train_fn, replica_step, saver]
     return Trained(model, restored, loop_time, monitor)
+
+
+#: the last run's traced functions, kept until the process ends (see :func:`train`)
+_TRACED: list = []
 
 
 def noting(strategy: Strategy, optimizer, state: ChiefState, train_fn):
