@@ -34,6 +34,8 @@ def progress_line(task: dict, sup: dict, eta_s: float | None, data: str | None =
 
 #: the least time between two looks at the chief that wait on its node for news
 MIN_LOOK_S = 0.2
+#: how long a look waits for the node's answer beyond the time the node itself may wait (remote.task_status's)
+READ_TIMEOUT_S = 15.0
 TERMINAL_TASK_STATES = ("succeeded", "failed", "stopped", "deadline", "lost", "preempted")
 DATA_POLL_S = 15.0        # the workers' read rate, once it is known
 FIRST_DATA_POLL_S = 2.0   # until then: a stream that ends within 15 s of its start must still show one
@@ -47,12 +49,15 @@ class ChiefWatch:
     (``tfc-supervise status --until-change``), so the loop's end and the task's are seen at once and the
     caller need not wait between calls (a plain read, no answer or an error then waits out ``poll_s`` here; a
     supervisor from before ``--until-change`` is read the plain way from then on). Without it, the caller
-    waits between calls."""
+    waits between calls. ``follow`` (with ``until_change``): the looks read the lines of one SSH session in
+    which the node prints the status as it changes and at least every ``poll_s`` (:class:`remote.StatusFollower`;
+    a supervisor from before ``--follow`` is read by ``--until-change`` from then on); :meth:`close` ends it."""
 
     def __init__(self, state: ClusterState, chief: Node, poll_s: float, streamers: list[Node] = (),
-                 until_change: bool = False):
+                 until_change: bool = False, follow: bool = False):
         self.state, self.chief, self.poll_s = state, chief, poll_s
         self.paced, self.until_change = until_change, poll_s if until_change else 0.0
+        self.follower = remote.StatusFollower(state, chief, poll_s) if follow and until_change else None
         self.last_line, self.misses, self.errors = "", 0, 0
         self.last_report: tuple | None = None      # the chief's status, its supervisor's, the data's: last shown
         self.first_step: int | None = None         # the step the first training report gave
@@ -72,16 +77,29 @@ class ChiefWatch:
             time.sleep(max(0.0, least - (time.monotonic() - started)))
         return final
 
+    def close(self) -> None:
+        if self.follower is not None:
+            self.follower.close()
+
+    def _read(self) -> dict | None:
+        if self.follower is not None:     # a line at least every poll_s; task_status's timeout beyond it
+            return self.follower.read(self.poll_s + READ_TIMEOUT_S)
+        return remote.task_status(self.state, self.chief, timeout=READ_TIMEOUT_S, until_change=self.until_change)
+
     def _look(self) -> dict | None:
         try:
-            got = remote.task_status(self.state, self.chief, until_change=self.until_change)
+            got = self._read()
             self.errors = 0
         except remote.NodeCommandError as exc:
             self.errors += 1
             if self.errors >= 3:  # not a passing hiccup: the status cannot be read, so waiting is pointless
                 raise
-            if "unrecognized arguments" in str(exc) and self.until_change:   # a supervisor from before it
-                self.until_change, self.errors = 0.0, 0
+            if "unrecognized arguments" in str(exc):    # a supervisor from before the option
+                if self.follower is not None:
+                    self.follower.close()
+                    self.follower, self.errors = None, 0
+                elif self.until_change:
+                    self.until_change, self.errors = 0.0, 0
             return None
         if got is None:
             self.misses += 1
@@ -171,10 +189,14 @@ class ChiefWatch:
 def wait_for_chief(state: ClusterState, chief: Node, timeout_s: float, poll_s: float = 1.0,
                    streamers: list[Node] = ()) -> dict:
     """Poll the chief's status and print progress until its task ends; return the last status.
-    ``streamers``: the tasks streaming files from S3, whose summed read rate the progress line shows. Each
-    look waits on the chief's node for news up to ``poll_s`` (:class:`ChiefWatch`), which paces the calls
-    itself."""
-    final = poll.wait_until(ChiefWatch(state, chief, poll_s, streamers, until_change=True), timeout_s, 0.0)
+    ``streamers``: the tasks streaming files from S3, whose summed read rate the progress line shows. The
+    chief's node prints its status as it changes and at least every ``poll_s``, over one SSH session
+    (:class:`ChiefWatch`, which paces the calls itself)."""
+    watch = ChiefWatch(state, chief, poll_s, streamers, until_change=True, follow=True)
+    try:
+        final = poll.wait_until(watch, timeout_s, 0.0)
+    finally:
+        watch.close()
     if final is None:
         raise TfclusterError(f"the chief {chief.name} did not finish within {timeout_s:.0f}s")
     return final

@@ -11,8 +11,12 @@ from __future__ import annotations
 import configparser
 import functools
 import json
+import os
+import select
 import shlex
 import subprocess
+import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -134,16 +138,81 @@ def task_status(state: ClusterState, node: Node, timeout: float = 15, until_chan
     if res is None:
         return None
     if res.returncode != 0:
-        raise NodeCommandError(f"{node.name}: '{as_root(node, command)}' failed (exit {res.returncode}): "
-                               f"{(res.stderr or res.stdout).strip()[-500:]}")
+        raise _status_failed(node, command, res.returncode, res.stderr or res.stdout)
+    return _status_line(node, command, res.stdout.strip().splitlines()[-1:])
+
+
+def _status_failed(node: Node, command: str, code: int, said: str) -> NodeCommandError:
+    return NodeCommandError(f"{node.name}: '{as_root(node, command)}' failed (exit {code}): {said.strip()[-500:]}")
+
+
+def _status_line(node: Node, command: str, lines: list[str]) -> dict:
+    """The status in the last of a status command's lines; NodeCommandError when it holds none."""
     try:
-        got = json.loads(res.stdout.strip().splitlines()[-1])
+        got = json.loads(lines[-1])
     except (ValueError, IndexError):
         got = None
     if not isinstance(got, dict):
         raise NodeCommandError(f"{node.name}: '{as_root(node, command)}' printed no status: "
-                               f"{res.stdout.strip()[-300:]!r}")
+                               f"{chr(10).join(lines).strip()[-300:]!r}")
     return got
+
+
+class StatusFollower:
+    """The node's status as its supervisor prints it while it changes (``tfc-supervise status --follow``),
+    over one SSH session for as long as it lasts: the chief's watch during a run, where a command for each
+    look cost the node an interpreter's start, sudo's and an SSH session's every second (~0.1 s of CPU each,
+    perf, on a 2-core machine that also trains). :meth:`read` is :func:`task_status`'s contract: the newest
+    status printed, None when the node does not answer within the time, NodeCommandError when the command
+    fails there (an older supervisor without ``--follow``: "unrecognized arguments"). A session that ends
+    or does not answer is started again at the next read. :meth:`close` ends it."""
+
+    def __init__(self, state: ClusterState, node: Node, every: float):
+        self.state, self.node = state, node
+        self.command = f"{SUPERVISE} status --dir {TASK_DIR} --follow {every:g}"
+        self.proc: subprocess.Popen | None = None
+        self.buf = b""
+
+    def read(self, timeout: float) -> dict | None:
+        if self.proc is None:
+            # stderr to a file, which never fills up and blocks the node's printing (a Ctrl-C ends the ssh with
+            # the run's other foreground processes; the watch's close ends it otherwise)
+            self.err = tempfile.TemporaryFile()
+            self.proc = subprocess.Popen(ssh_command(self.state, self.node, as_root(self.node, self.command)),
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.err)
+            self.buf = b""
+        fd, deadline = self.proc.stdout.fileno(), time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()        # silent for the whole time: as a node that does not answer
+                return None
+            if not select.select([fd], [], [], left)[0]:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return self._ended()
+            self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        return _status_line(self.node, self.command, [lines[-1].decode(errors="replace")])   # the newest
+
+    def _ended(self) -> dict | None:
+        code = self.proc.wait()
+        self.err.seek(0)
+        said = self.err.read().decode(errors="replace")
+        self.close()
+        if code in (0, 255):     # it printed its last status (read before), or ssh did not reach the node
+            return None
+        raise _status_failed(self.node, self.command, code, said)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc.stdout.close()
+            self.err.close()
+            self.proc = None
 
 
 def finish_command(stop: bool) -> str:

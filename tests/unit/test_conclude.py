@@ -1,10 +1,13 @@
 """A published run's conclusion: the model is verified while the tasks still serving are stopped and the logs
 fetched (training._conclude), and the record says whether every log was fetched, whatever verification
-found."""
+found. Before it, the chief's watch (progress.ChiefWatch): its looks, its progress lines, and its session
+that follows the chief's status (remote.StatusFollower; ssh replaced by a local command that prints as a
+node's ``tfc-supervise status --follow`` would, tests/unit/test_roles.py runs the supervisor's own)."""
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 
@@ -662,3 +665,107 @@ def test_the_eta_starts_afresh_after_the_chief_restarts(monkeypatch):
     assert watch._eta(training_at | {"step": 250}) is None      # the base
     # 150 steps a second since the restarted loop's first call (across the restart: 300 steps in 102 s, ~204 s)
     assert watch._eta(training_at | {"step": 400}) == pytest.approx((1000 - 400) / 150)
+
+
+def _follow_status(phase: str, step: int = 0, state: str = "running") -> dict:
+    return {"supervisor": {"state": state}, "task": {"phase": phase, "step": step, "total": 10},
+            "unpublished": None}
+
+
+@pytest.fixture
+def node_prints(monkeypatch):
+    """Make the follower's ssh a Python process that runs ``code`` (with json, sys, time imported) and
+    records each command it was asked to run; returns (set_code, commands)."""
+    commands, code = [], {"text": ""}
+
+    def ssh_command(_state, _node, command):
+        commands.append(command)
+        return [sys.executable, "-c", "import json, sys, time\n" + code["text"]]
+
+    monkeypatch.setattr(remote, "ssh_command", ssh_command)
+    return (lambda text: code.update(text=text)), commands
+
+
+def test_the_follower_reads_the_newest_line_runs_one_session_and_ends_it(state, node_prints):
+    set_code, commands = node_prints
+    lines = [json.dumps(_follow_status("training", s)) for s in (1, 2, 3)]
+    set_code(f"print({lines[0]!r}, flush=True)\ntime.sleep(0.5)\nprint({lines[1]!r})\nprint({lines[2]!r}, "
+             f"flush=True)\ntime.sleep(60)\n")
+    follower = remote.StatusFollower(state, NODES[0], 1.0)
+    try:
+        assert follower.read(10)["task"]["step"] == 1
+        time.sleep(1.0)                               # both later lines are there by now: the newest is taken
+        assert follower.read(10)["task"]["step"] == 3
+        proc = follower.proc
+        t0 = time.monotonic()
+        assert follower.read(0.5) is None              # silent for the whole time: no answer, the session ended
+        assert 0.5 <= time.monotonic() - t0 < 3 and proc.poll() is not None and follower.proc is None
+    finally:
+        follower.close()
+    assert commands == [f"sudo -n {remote.SUPERVISE} status --dir {remote.TASK_DIR} --follow 1"]
+
+
+def test_the_follower_tells_an_ended_session_a_lost_node_and_an_older_supervisor_apart(state, node_prints):
+    set_code, commands = node_prints
+    done = json.dumps(_follow_status("done", 10, "succeeded"))
+    set_code(f"print({done!r})\n")                    # its last status, then it ends by itself
+    follower = remote.StatusFollower(state, NODES[0], 1.0)
+    assert follower.read(10)["supervisor"]["state"] == "succeeded"
+    assert follower.read(10) is None and follower.proc is None          # ended: the next read starts again
+    set_code("sys.exit(255)\n")                       # ssh's own failure: the node did not answer
+    assert follower.read(10) is None
+    set_code("print('tfc-supervise: error: unrecognized arguments: --follow 1', file=sys.stderr)\nsys.exit(2)\n")
+    with pytest.raises(remote.NodeCommandError, match="unrecognized arguments: --follow 1"):
+        follower.read(10)
+    set_code("print('not a status', flush=True)\ntime.sleep(60)\n")
+    with pytest.raises(remote.NodeCommandError, match="printed no status: 'not a status'"):
+        follower.read(10)
+    proc = follower.proc
+    follower.close()
+    assert proc.poll() is not None and follower.proc is None and len(commands) == 4   # a session a start
+
+
+def test_wait_for_chief_follows_the_chief_and_ends_the_session(state, node_prints, capsys, monkeypatch):
+    set_code, _ = node_prints
+    steps = [json.dumps(_follow_status("training", s)) for s in (3, 7)]
+    steps.append(json.dumps(_follow_status("done", 10, "succeeded")))
+    set_code("".join(f"print({s!r}, flush=True)\ntime.sleep(0.3)\n" for s in steps) + "time.sleep(60)\n")
+    started = []
+    real = remote.StatusFollower.read
+
+    def read(self, timeout):
+        got = real(self, timeout)
+        started.append(self.proc)
+        return got
+
+    monkeypatch.setattr(remote.StatusFollower, "read", read)
+    final = progress.wait_for_chief(state, NODES[0], 30, poll_s=1.0)
+    assert final["supervisor"]["state"] == "succeeded"
+    out = capsys.readouterr().out
+    assert "step 3/10" in out and "step 7/10" in out, out
+    assert len({id(p) for p in started}) == 1 and started[0].poll() is not None   # one session, ended
+
+
+def test_the_watch_reads_an_older_supervisor_by_until_change(state, monkeypatch):
+    """A supervisor from before ``--follow`` refuses it: the watch drops the follower and reads by
+    ``--until-change`` from then on."""
+    class Old:
+        closed = False
+
+        def __init__(self, *_a):
+            pass
+
+        def read(self, _timeout):
+            raise remote.NodeCommandError("c-chief-0: '... --follow 1' failed (exit 2): tfc-supervise: error: "
+                                          "unrecognized arguments: --follow 1")
+
+        def close(self):
+            Old.closed = True
+
+    asked = []
+    monkeypatch.setattr(remote, "StatusFollower", Old)
+    monkeypatch.setattr(remote, "task_status", lambda *_a, timeout=None, until_change=0.0:
+                        asked.append(until_change) or _follow_status("done", 10, "succeeded"))
+    watch = progress.ChiefWatch(state, NODES[0], 1.0, until_change=True, follow=True)
+    assert watch() is None and Old.closed and watch.follower is None
+    assert watch()["supervisor"]["state"] == "succeeded" and asked == [1.0]

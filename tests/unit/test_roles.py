@@ -357,12 +357,9 @@ def test_stop_signals_only_the_directory_s_supervisor_and_task_whatever_the_stat
             v.wait()
 
 
-def test_status_until_change_answers_as_the_task_s_phase_or_state_changes_else_after_its_time(tmp_path):
-    """`status --until-change S` is the controller's look at the chief: it answers at once when the task's
-    phase or the supervisor's state changes (the loop's end, the task's), else after S seconds, and at once
-    for a supervisor that has ended or is gone."""
-    d = tmp_path / "task"
-    marker = tmp_path / "go"
+def _start_phases(d: Path, marker: Path) -> None:
+    """A supervised task whose status.json says phase 'training' until ``marker`` exists, then 'publishing';
+    returns once it says 'training' (stopped if it does not within 20 s)."""
     script = (f"import json, os, time\n"
               f"def say(phase):\n"
               f"    open('{d}/s.tmp', 'w').write(json.dumps({{'phase': phase}}))\n"
@@ -376,6 +373,19 @@ def test_status_until_change_answers_as_the_task_s_phase_or_state_changes_else_a
         while json.loads(_sup("status", "--dir", str(d)).stdout)["task"].get("phase") != "training":
             assert time.monotonic() < end
             time.sleep(0.05)
+    except BaseException:
+        _sup("stop", "--dir", str(d), "--grace", "1")
+        raise
+
+
+def test_status_until_change_answers_as_the_task_s_phase_or_state_changes_else_after_its_time(tmp_path):
+    """`status --until-change S` is the controller's look at the chief: it answers at once when the task's
+    phase or the supervisor's state changes (the loop's end, the task's), else after S seconds, and at once
+    for a supervisor that has ended or is gone."""
+    d = tmp_path / "task"
+    marker = tmp_path / "go"
+    _start_phases(d, marker)
+    try:
         t0 = time.monotonic()
         res = _sup("status", "--dir", str(d), "--until-change", "1.5")        # no change: its whole time
         assert json.loads(res.stdout)["task"]["phase"] == "training" and time.monotonic() - t0 >= 1.5
@@ -398,6 +408,53 @@ def test_status_until_change_answers_as_the_task_s_phase_or_state_changes_else_a
         res = _sup("status", "--dir", str(tmp_path / "never"), "--until-change", "1.5")
         assert json.loads(res.stdout)["supervisor"] == {} and time.monotonic() - t0 >= 1.5, res.stdout
     finally:
+        _sup("stop", "--dir", str(d), "--grace", "1")       # also the task of the killed supervisor
+
+
+def test_status_follow_prints_each_change_and_at_least_every_interval_until_the_supervisor_ends(tmp_path):
+    """`status --follow S` is the controller's watch of the chief over one SSH session: a line at once, one
+    within S when nothing changes, one as soon as the task's phase changes, and a last one when the supervisor
+    is gone, after which it ends by itself (exit 0); a reader that goes away ends it too, quietly."""
+    d = tmp_path / "task"
+    marker = tmp_path / "go"
+    _start_phases(d, marker)
+    follow = None
+    try:
+        follow = subprocess.Popen([str(SUPERVISE), "status", "--dir", str(d), "--follow", "1"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen = []
+
+        def line():
+            got = json.loads(follow.stdout.readline())
+            seen.append((time.monotonic(), got["supervisor"].get("state"), got["task"].get("phase")))
+            return seen[-1]
+
+        t0 = time.monotonic()
+        assert line()[1:] == ("running", "training") and seen[-1][0] - t0 < 5
+        assert line()[1:] == ("running", "training")                 # no change: after its interval
+        assert 0.9 <= seen[1][0] - seen[0][0] < 3, seen
+        marker.touch()
+        while line()[2] != "publishing":
+            assert len(seen) < 10, seen
+        assert seen[-1][0] - seen[-2][0] < 1.5, seen                 # the change, not the next interval
+        os.kill(_state(d)["pid"], signal.SIGKILL)                    # its state file still says running
+        while line()[1] != "lost":
+            assert len(seen) < 15, seen
+        assert follow.wait(timeout=5) == 0 and follow.stdout.read() == ""   # the last line: it ended
+        # a reader that goes away: the next line finds no pipe, and it ends without a traceback
+        again = subprocess.Popen([str(SUPERVISE), "status", "--dir", str(d.parent / "never"), "--follow", "0.2"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert json.loads(again.stdout.readline())["supervisor"] == {}
+        again.stdout.close()
+        assert again.wait(timeout=5) == 0
+        assert again.stderr.read() == b""
+        again.stderr.close()
+    finally:
+        if follow is not None:
+            follow.kill()
+            follow.wait()
+            follow.stdout.close()
+            follow.stderr.close()
         _sup("stop", "--dir", str(d), "--grace", "1")       # also the task of the killed supervisor
 
 
