@@ -39,6 +39,9 @@ FINISH_TIMEOUT = 60
 CONNECT_TIMEOUT = 10
 #: the most nodes :func:`on_each` talks to at once (ansible.cfg's forks)
 AT_ONCE = 32
+#: the most of a status session's output :meth:`StatusFollower.read` takes in at once to find its newest line
+MAX_BACKLOG = 8 << 20
+READ_CHUNK = 1 << 16
 T = TypeVar("T")
 
 
@@ -175,29 +178,47 @@ class StatusFollower:
 
     def read(self, timeout: float) -> dict | None:
         if self.proc is None:
-            # stderr to a file, which never fills up and blocks the node's printing (a Ctrl-C ends the ssh with
-            # the run's other foreground processes; the watch's close ends it otherwise)
-            self.err = tempfile.TemporaryFile()
-            self.proc = subprocess.Popen(ssh_command(self.state, self.node, as_root(self.node, self.command)),
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.err)
-            self.buf = b""
+            self._start()
         fd, deadline = self.proc.stdout.fileno(), time.monotonic() + timeout
+        ready = select.poll()
+        ready.register(fd, select.POLLIN)
+        ended = False
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.close()        # silent for the whole time: as a node that does not answer
                 return None
-            if not select.select([fd], [], [], left)[0]:
+            if not ready.poll(left * 1000):
                 continue
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, READ_CHUNK)
             if not chunk:
                 return self._ended()
             self.buf += chunk
+        # the lines printed meanwhile too (a controller held up elsewhere), so the status taken is the node's
+        # newest, not an old one of a backlog; at most MAX_BACKLOG of them at a time
+        while not ended and len(self.buf) < MAX_BACKLOG and ready.poll(0):
+            chunk = os.read(fd, READ_CHUNK)
+            ended = not chunk
+            self.buf += chunk
         *lines, self.buf = self.buf.split(b"\n")
-        return _status_line(self.node, self.command, [lines[-1].decode(errors="replace")])   # the newest
+        return _status_line(self.node, self.command, [lines[-1].decode(errors="replace")])
+
+    def _start(self) -> None:
+        # stderr to a file, which never fills up and blocks the node's printing (a Ctrl-C ends the ssh with
+        # the run's other foreground processes; the watch's close ends it otherwise)
+        self.err, self.buf = tempfile.TemporaryFile(), b""
+        try:
+            self.proc = subprocess.Popen(ssh_command(self.state, self.node, as_root(self.node, self.command)),
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.err)
+        except BaseException:
+            self.err.close()
+            raise
 
     def _ended(self) -> dict | None:
-        code = self.proc.wait()
+        try:
+            code = self.proc.wait(timeout=CONNECT_TIMEOUT)     # its output has ended: ssh is ending
+        except subprocess.TimeoutExpired:
+            code = 255
         self.err.seek(0)
         said = self.err.read().decode(errors="replace")
         self.close()

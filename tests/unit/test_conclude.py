@@ -686,9 +686,11 @@ def node_prints(monkeypatch):
     return (lambda text: code.update(text=text)), commands
 
 
-def test_the_follower_reads_the_newest_line_runs_one_session_and_ends_it(state, node_prints):
+def test_the_follower_reads_the_newest_line_runs_one_session_and_ends_it(state, node_prints, monkeypatch):
     set_code, commands = node_prints
-    lines = [json.dumps(_follow_status("training", s)) for s in (1, 2, 3)]
+    # ~5 KiB each, read 4 KiB at a time (through ssh a backlog arrives in pieces): still the newest is taken
+    monkeypatch.setattr(remote, "READ_CHUNK", 4 << 10)
+    lines = [json.dumps(dict(_follow_status("training", s), pad="x" * (5 << 10))) for s in (1, 2, 3)]
     set_code(f"print({lines[0]!r}, flush=True)\ntime.sleep(0.5)\nprint({lines[1]!r})\nprint({lines[2]!r}, "
              f"flush=True)\ntime.sleep(60)\n")
     follower = remote.StatusFollower(state, NODES[0], 1.0)
@@ -769,3 +771,21 @@ def test_the_watch_reads_an_older_supervisor_by_until_change(state, monkeypatch)
     watch = progress.ChiefWatch(state, NODES[0], 1.0, until_change=True, follow=True)
     assert watch() is None and Old.closed and watch.follower is None
     assert watch()["supervisor"]["state"] == "succeeded" and asked == [1.0]
+
+
+def test_a_ctrl_c_during_the_watch_ends_its_session(state, node_prints, monkeypatch):
+    set_code, _ = node_prints
+    set_code(f"print({json.dumps(_follow_status('training', 3))!r}, flush=True)\ntime.sleep(60)\n")
+    real, sessions = remote.StatusFollower.read, []
+
+    def read(self, timeout):
+        if sessions:
+            raise KeyboardInterrupt
+        got = real(self, timeout)
+        sessions.append(self.proc)
+        return got
+
+    monkeypatch.setattr(remote.StatusFollower, "read", read)
+    with pytest.raises(KeyboardInterrupt):
+        progress.wait_for_chief(state, NODES[0], 30, poll_s=1.0)
+    assert sessions[0].poll() is not None       # the ssh (here its stand-in, still sleeping) was ended
