@@ -142,22 +142,22 @@ def task_status(state: ClusterState, node: Node, timeout: float = 15, until_chan
         return None
     if res.returncode != 0:
         raise _status_failed(node, command, res.returncode, res.stderr or res.stdout)
-    return _status_line(node, command, res.stdout.strip().splitlines()[-1:])
+    return _status_in(node, command, res.stdout)
 
 
 def _status_failed(node: Node, command: str, code: int, said: str) -> NodeCommandError:
     return NodeCommandError(f"{node.name}: '{as_root(node, command)}' failed (exit {code}): {said.strip()[-500:]}")
 
 
-def _status_line(node: Node, command: str, lines: list[str]) -> dict:
-    """The status in the last of a status command's lines; NodeCommandError when it holds none."""
+def _status_in(node: Node, command: str, printed: str) -> dict:
+    """The status in the last line a status command printed; NodeCommandError when it holds none."""
     try:
-        got = json.loads(lines[-1])
+        got = json.loads(printed.strip().splitlines()[-1])
     except (ValueError, IndexError):
         got = None
     if not isinstance(got, dict):
         raise NodeCommandError(f"{node.name}: '{as_root(node, command)}' printed no status: "
-                               f"{chr(10).join(lines).strip()[-300:]!r}")
+                               f"{printed.strip()[-300:]!r}")
     return got
 
 
@@ -201,7 +201,7 @@ class StatusFollower:
             ended = not chunk
             self.buf += chunk
         *lines, self.buf = self.buf.split(b"\n")
-        return _status_line(self.node, self.command, [lines[-1].decode(errors="replace")])
+        return _status_in(self.node, self.command, lines[-1].decode(errors="replace"))
 
     def _start(self) -> None:
         # stderr to a file, which never fills up and blocks the node's printing (a Ctrl-C ends the ssh with
