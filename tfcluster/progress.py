@@ -34,8 +34,6 @@ def progress_line(task: dict, sup: dict, eta_s: float | None, data: str | None =
 
 #: the least time between two looks at the chief that wait on its node for news
 MIN_LOOK_S = 0.2
-#: how long a look waits for the node's answer beyond the time the node itself may wait (remote.task_status's)
-READ_TIMEOUT_S = 15.0
 TERMINAL_TASK_STATES = ("succeeded", "failed", "stopped", "deadline", "lost", "preempted")
 DATA_POLL_S = 15.0        # the workers' read rate, once it is known
 FIRST_DATA_POLL_S = 2.0   # until then: a stream that ends within 15 s of its start must still show one
@@ -83,8 +81,8 @@ class ChiefWatch:
 
     def _read(self) -> dict | None:
         if self.follower is not None:     # a line at least every poll_s; task_status's timeout beyond it
-            return self.follower.read(self.poll_s + READ_TIMEOUT_S)
-        return remote.task_status(self.state, self.chief, timeout=READ_TIMEOUT_S, until_change=self.until_change)
+            return self.follower.read(self.poll_s + remote.STATUS_TIMEOUT)
+        return remote.task_status(self.state, self.chief, until_change=self.until_change)
 
     def _look(self) -> dict | None:
         try:

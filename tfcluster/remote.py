@@ -37,6 +37,8 @@ COLLECT_DIR = "/var/lib/tfcluster/collect"
 #: the task before it kills it, then the archive (at most the log's last 64 MiB)
 FINISH_TIMEOUT = 60
 CONNECT_TIMEOUT = 10
+#: how long a status read waits for the node's answer (a followed status's: beyond the time between its lines)
+STATUS_TIMEOUT = 15.0
 #: the most nodes :func:`on_each` talks to at once (ansible.cfg's forks)
 AT_ONCE = 32
 #: the most of a status session's output :meth:`StatusFollower.read` takes in at once to find its newest line
@@ -131,7 +133,8 @@ def run(state: ClusterState, node: Node, command: str, timeout: float = 30, root
     return None if res.returncode == 255 else res
 
 
-def task_status(state: ClusterState, node: Node, timeout: float = 15, until_change: float = 0.0) -> dict | None:
+def task_status(state: ClusterState, node: Node, timeout: float = STATUS_TIMEOUT,
+                until_change: float = 0.0) -> dict | None:
     """The node's supervisor and task status; None when the node does not answer. A node that answers
     with an error raises NodeCommandError naming it: an empty answer is never taken for a status.
     ``until_change``: the node first waits up to that long for its supervisor's state or its task's phase to
