@@ -38,6 +38,11 @@ TERMINAL_TASK_STATES = ("succeeded", "failed", "stopped", "deadline", "lost", "p
 DATA_POLL_S = 15.0        # the workers' read rate, once it is known
 FIRST_DATA_POLL_S = 2.0   # until then: a stream that ends within 15 s of its start must still show one
 FIRST_DATA_WINDOW_S = 60.0  # but only this long: a worker that never reports a rate is not asked every 2 s
+#: how long the chief may answer nothing (its node or the way to it gone: a VM reclaimed without a notice seen,
+#: a cut network) before the watch gives up: the tasks are then stopped and the logs fetched, and the next train
+#: resumes from the newest checkpoint in S3. Wall time from the first read left unanswered: a read that gets no
+#: answer itself lasts up to the follower's line interval plus remote.STATUS_TIMEOUT (~16 s)
+CHIEF_SILENCE_S = 120.0
 
 
 class ChiefWatch:
@@ -56,7 +61,8 @@ class ChiefWatch:
         self.state, self.chief, self.poll_s = state, chief, poll_s
         self.paced, self.until_change = until_change, poll_s if until_change else 0.0
         self.follower = remote.StatusFollower(state, chief, poll_s) if follow and until_change else None
-        self.last_line, self.misses, self.errors = "", 0, 0
+        self.last_line, self.errors = "", 0
+        self.silent_since: float | None = None     # when the first read the chief left unanswered began
         self.last_report: tuple | None = None      # the chief's status, its supervisor's, the data's: last shown
         self.first_step: int | None = None         # the step the first training report gave
         self.since: tuple[float, int] | None = None   # (when, step) of the first report past it: the ETA's base
@@ -85,6 +91,7 @@ class ChiefWatch:
         return remote.task_status(self.state, self.chief, until_change=self.until_change)
 
     def _look(self) -> dict | None:
+        asked = time.monotonic()
         try:
             got = self._read()
             self.errors = 0
@@ -100,13 +107,16 @@ class ChiefWatch:
                     self.until_change, self.errors = 0.0, 0
             return None
         if got is None:
-            self.misses += 1
-            if self.misses * self.poll_s > 60:
-                raise TfclusterError(f"the chief {self.chief.name} has not answered for "
-                                     f"{self.misses * self.poll_s:.0f}s")
+            self.silent_since = asked if self.silent_since is None else self.silent_since
+            silent = time.monotonic() - self.silent_since
+            if silent > CHIEF_SILENCE_S:
+                raise TfclusterError(f"the chief {self.chief.name} has not answered for {silent:.0f}s "
+                                     f"(the watch gives up after {CHIEF_SILENCE_S:.0f}s): its node or the way to it "
+                                     "is gone; 'make train' resumes the run from its newest checkpoint in S3 "
+                                     "('make up' first where the node is gone)")
             return None
         self.waited = bool(self.until_change)
-        self.misses = 0
+        self.silent_since = None
         sup, task = got.get("supervisor", {}), got.get("task") or {}
         self._show_notes(task.get("notes") or [])
         data = self._data_text()

@@ -224,6 +224,33 @@ def test_the_chief_watch_waits_on_the_node_for_news_and_reads_an_older_superviso
     assert all(progress.MIN_LOOK_S - 0.01 <= g < 0.6 for g in gaps[:2]) and min(gaps[2:]) >= 0.99, gaps
 
 
+def test_the_chief_watch_gives_up_on_a_chief_silent_for_chief_silence_s_of_wall_time(state, monkeypatch):
+    """Each unanswered read lasts ~16 s (the follower's line interval plus the status timeout): the watch gives
+    up once the chief has answered nothing for CHIEF_SILENCE_S of wall time, not after 60 reads (16 min); an
+    answer between silences starts the count again."""
+    now = [1000.0]
+    replies = iter(["none"] * 5 + ["news"] + ["none"] * 30)
+
+    def report(_state, _node, timeout=None, until_change=0.0):
+        reply = next(replies)
+        now[0] += 0.1 if reply == "news" else 16.0
+        return _report("training", 3) if reply == "news" else None
+
+    monkeypatch.setattr(progress.remote, "task_status", report)
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(progress.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    watch = progress.ChiefWatch(state, NODES[0], 1.0, until_change=True)
+    for _ in range(6):      # 5 silent reads (~85 s) and an answer: no give-up
+        assert watch() is None
+    started, reads = now[0], 0
+    with pytest.raises(TfclusterError) as err:
+        while True:
+            reads += 1
+            watch()
+    assert reads == 8 and 120 < now[0] - started < 140, (reads, now[0] - started)
+    assert "the chief c-chief-0 has not answered for 128s" in str(err.value) and "gives up after 120s" in str(err.value)
+
+
 def test_the_chief_watch_prints_each_of_the_chiefs_notes_once(state, monkeypatch, capsys):
     note = "make_optimizer's keras.optimizers.Adam runs as tfc_harness.optimizers.LockedAdam ..."
     reports = iter([{"supervisor": {"state": "running"}, "task": {"phase": "starting", "step": 0}},
@@ -252,7 +279,7 @@ def test_the_chief_watch_prints_a_report_once_when_polled_again_before_the_next(
                     same, same, {"supervisor": {"state": "running"}, "task": dict(same["task"], step=520)}])
     monkeypatch.setattr(progress.remote, "task_status", lambda *a, **kw: next(reports))
     watch = progress.ChiefWatch(state, NODES[0], 0.01)
-    clock = iter([0.0, 10.0, 12.0, 13.0, 14.0])
+    clock = iter([t for t in (0.0, 10.0, 12.0, 13.0) for _ in range(2)])   # each look: as it asks, for its ETA
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     for _ in range(4):
         watch()
