@@ -113,7 +113,7 @@ class ChiefWatch:
                 raise TfclusterError(f"the chief {self.chief.name} has not answered for {silent:.0f}s "
                                      f"(the watch gives up after {CHIEF_SILENCE_S:.0f}s): its node or the way to it "
                                      "is gone; 'make train' resumes the run from its newest checkpoint in S3 "
-                                     "('make up' first where the node is gone)")
+                                     "(where the provider took the node away: 'make down' and 'make up' first)")
             return None
         self.waited = bool(self.until_change)
         self.silent_since = None
