@@ -6,7 +6,10 @@ lock, the nodes' packages from one lock per TensorFlow package and release in th
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
+import sys
 
 import jinja2
 import pytest
@@ -19,6 +22,9 @@ from tfcluster.errors import ConfigError
 from tfcluster.wheelhouse import read_lock
 
 ROLE = REPO / "roles" / "tensorflow"
+_spec = importlib.util.spec_from_file_location("uv_setup", REPO / "scripts" / "uv_setup.py")
+uv_setup = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(uv_setup)
 
 
 def _pins(requirements) -> dict[str, str]:
@@ -59,16 +65,59 @@ def test_each_lock_pins_its_input_at_the_same_versions_and_hashes_every_line(sou
 def test_bootstrap_installs_from_the_locks_with_hashes_only():
     script = (REPO / "scripts" / "bootstrap.sh").read_text()
     text = "\n".join(line.strip() for line in script.splitlines() if not line.strip().startswith("#"))
+    # pip installs uv alone, from uv's entry of the lock; uv installs everything else
     assert 'PIP=("$VENV/bin/pip" install' in text
-    assert '"${PIP[@]}" --require-hashes -r requirements.lock' in text
-    assert '"$VENV/checkov/bin/pip" install' in text and "--require-hashes -r requirements-checkov.lock" in text
+    assert '"$PYTHON" scripts/uv_setup.py entry uv requirements.lock >"$uv_lock"' in text
+    assert '"${PIP[@]}" --no-deps --require-hashes -r "$uv_lock"' in text
+    assert 'UV=("$VENV/bin/uv" pip install' in text
+    assert '"${UV[@]}" --python "$VENV/bin/python" --require-hashes -r requirements.lock' in text
+    assert '"${UV[@]}" --python "$VENV/checkov/bin/python" --require-hashes -r requirements-checkov.lock' in text
     # the project and the harness: nothing fetched (no dependencies, the locked setuptools builds them)
-    assert '"${PIP[@]}" --no-deps --no-build-isolation -e . -e train' in text
-    # the PIP definition and its two uses, checkov's pip: no other install
-    assert len(re.findall(r"\$\{PIP\[@\]\}|bin/pip\" install", text)) == 4
+    assert '"${UV[@]}" --python "$VENV/bin/python" --no-deps --no-build-isolation -e . -e train' in text
+    # those four installs and no other, each through one of the two definitions
+    assert len(re.findall(r"\$\{(PIP|UV)\[@\]\}", text)) == 4
+    assert len(re.findall(r"pip\" install|uv\" pip install|pip install|-m pip", text)) == 2
     assert "requirements.txt" not in text  # the input of the lock, never installed from
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^\$\(BOOTSTRAP\):.*requirements\.lock.*requirements-checkov\.lock", makefile, re.M)
+
+
+def test_uv_entry_of_the_lock_is_its_pin_with_every_hash_and_nothing_else(tmp_path):
+    """What pip installs uv from: a requirements file holding uv's entry only, every hash the lock has."""
+    lock = REPO / "requirements.lock"
+    entry = next(e for e in _entries(lock) if e.startswith("uv=="))
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "uv_setup.py"), "entry", "uv", str(lock)],
+                         capture_output=True, text=True, check=True).stdout
+    written = tmp_path / "uv.txt"
+    written.write_text(out)
+    assert _entries(written) == [entry.rstrip()]
+    assert re.findall(r"sha256:\w+", out) == re.findall(r"sha256:\w+", entry)
+    assert not out.rstrip().endswith("\\")
+    missing = subprocess.run([sys.executable, str(REPO / "scripts" / "uv_setup.py"), "entry", "nope", str(lock)],
+                             capture_output=True, text=True)
+    assert missing.returncode == 1 and "pins no nope" in missing.stderr and not missing.stdout
+
+
+def test_uv_gets_the_indexes_and_ca_file_pip_install_would_take():
+    """``pip config list``'s merged sections: the environment over [install] over [global]; other sections
+    (pip download's, pip freeze's) and other keys are not pip install's sources."""
+    listing = "\n".join([
+        ":env:.find-links='/opt/wheels'",
+        "global.cert='/etc/ssl/certs/ca-certificates.crt'",
+        "global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'",
+        "global.index-url='https://mirror.example/simple'",
+        "install.index-url='https://install.example/simple'",
+        "download.find-links='/elsewhere'",
+        "global.timeout='60'",
+        ":env:.extra-index-url='https://env.example/simple'",
+    ])
+    assert uv_setup.uv_options(uv_setup.pip_settings(listing)) == [
+        "--index-url https://install.example/simple",
+        "--extra-index-url https://env.example/simple",
+        "--find-links /opt/wheels",
+        "cert /etc/ssl/certs/ca-certificates.crt",
+    ]
+    assert uv_setup.uv_options(uv_setup.pip_settings("")) == []
 
 
 def test_setuptools_is_locked_because_the_editable_installs_use_no_build_isolation():
