@@ -1,6 +1,6 @@
 """What scripts/bootstrap.sh needs to install the venvs with uv, which it installs with pip.
 
-uv installs the venvs from the lock files (~15 s against pip's ~2 min for a new venv), pinned in the lock
+uv installs the venvs from the lock files (~45 s against pip's ~130 s for a new venv), pinned in the lock
 itself; pip installs it first.
 
 - ``python3 scripts/uv_setup.py entry uv requirements.lock`` prints uv's entry of the lock (its pin and
