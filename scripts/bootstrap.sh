@@ -50,7 +50,7 @@ stamp="$VENV/.tfcluster-installed"
 PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
 if [ ! -f "$stamp" ] || [ requirements.lock -nt "$stamp" ] || [ requirements-checkov.lock -nt "$stamp" ] \
     || [ pyproject.toml -nt "$stamp" ] || [ train/pyproject.toml -nt "$stamp" ]; then
-  echo "==> bootstrap: installing Python packages into $VENV (first time on this machine: about a minute)"
+  echo "==> bootstrap: installing Python packages into $VENV (about a minute)"
   # pip installs uv alone, from its entry of the lock (scripts/uv_setup.py: its pin and hashes)
   uv_lock=$(mktemp)
   trap 'rm -f "$uv_lock"' EXIT
