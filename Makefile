@@ -44,7 +44,7 @@ help: ## Show this help (the default goal)
 	/^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 ##@ Set-up
-$(BOOTSTRAP): requirements.lock requirements-checkov.lock pyproject.toml train/pyproject.toml scripts/bootstrap.sh
+$(BOOTSTRAP): requirements.lock requirements-checkov.lock pyproject.toml train/pyproject.toml scripts/bootstrap.sh scripts/uv_setup.py
 	VENV=$(VENV) ./scripts/bootstrap.sh
 
 .PHONY: bootstrap

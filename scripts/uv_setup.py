@@ -6,14 +6,20 @@ itself; pip installs it first.
 - ``python3 scripts/uv_setup.py entry uv requirements.lock`` prints uv's entry of the lock (its pin and
   every hash) as a requirements file of its own, for pip's ``--require-hashes``.
 - ``pip config list | python3 scripts/uv_setup.py sources`` prints where this machine's pip finds packages,
-  as uv's options, one with its value a line: uv does not read pip's configuration, so the package index, the extra
-  indexes, the find-links directories and the CA file pip is set up with (pip.conf in any of its places,
-  ``PIP_*`` variables) would be lost, and a machine whose pip uses a mirror would reach for PyPI itself.
-  ``--index-url URL``, ``--extra-index-url URL`` and ``--find-links PATH`` pairs, and ``cert PATH`` for
-  the CA file (bootstrap.sh exports it as ``SSL_CERT_FILE``, which uv reads).  ``pip config list`` shows the
-configuration files already merged, by section: where ``[global]``, ``[install]`` and the environment set one
-key, the one ``pip install`` takes wins (the environment over ``[install]`` over ``[global]``); other sections
-are not ``pip install``'s.
+  as uv's arguments, each ended by a NUL byte (bootstrap.sh reads them with ``mapfile -d ''``): uv does not
+  read pip's configuration, so the package index, the extra indexes, the find-links directories, an index
+  turned off, the hosts trusted without TLS and the CA file pip is set up with (pip.conf in any of its
+  places, ``PIP_*`` variables) would be lost, and a machine whose pip uses a mirror would reach
+  for PyPI itself.  A setting uv cannot take from the command line (a proxy, a client certificate) is one
+  clear error, exit status 2, naming the key, its value and what uv reads instead; nothing is installed.
+  pip's constraints (``constraint``; this kind of machine caps torch) are not passed on: the locks pin every
+  package exactly, so a constraint could only refuse a pin, and uv's ``--require-hashes`` refuses a
+  constraint that is not an exact pin itself (``torch<=2.14.1``: the install stopped).
+
+``pip config list`` shows the configuration files already merged, by section: where ``[global]``,
+``[install]`` and the environment set one key, the one ``pip install`` takes wins (the environment over
+``[install]`` over ``[global]``); other sections are not ``pip install``'s.  A list's values are separated
+by spaces or line breaks, as in pip.conf.
 """
 
 from __future__ import annotations
@@ -23,7 +29,16 @@ import sys
 
 #: the sections ``pip install`` reads, the one it takes last (``pip config list`` names the environment ``:env:``)
 SECTIONS = ("global", "install", ":env:")
-OPTIONS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links"}
+#: pip's keys with a list of values, and uv's option for each value
+LISTS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
+         "trusted-host": "--allow-insecure-host", "cert": "--cert"}
+#: pip's keys that uv takes only from its environment: what it reads instead
+UNSUPPORTED = {"proxy": "HTTPS_PROXY / HTTP_PROXY / ALL_PROXY", "client-cert": "SSL_CLIENT_CERT"}
+KEYS = {*LISTS, "no-index", *UNSUPPORTED}
+
+
+class UnsupportedSetting(Exception):
+    """pip is set up with a setting uv cannot be given on its command line."""
 
 
 def lock_entry(lock_text: str, name: str) -> str:
@@ -41,13 +56,13 @@ def lock_entry(lock_text: str, name: str) -> str:
 
 
 def pip_settings(listing: str) -> dict[str, str]:
-    """``{key: value}`` of the keys in :data:`OPTIONS` and ``cert``, from ``pip config list``'s lines
-    (``scope.key='value'``), each key's value from the section pip takes."""
+    """``{key: value}`` of the keys in :data:`KEYS`, from ``pip config list``'s lines (``section.key='value'``),
+    each key's value from the section ``pip install`` takes."""
     found: dict[str, tuple[int, str]] = {}
     for line in listing.splitlines():
         name, sep, quoted = line.strip().partition("=")
         section, _, key = name.rpartition(".")
-        if not sep or section not in SECTIONS or (key not in OPTIONS and key != "cert"):
+        if not sep or section not in SECTIONS or key not in KEYS:
             continue
         rank = SECTIONS.index(section)
         try:
@@ -59,13 +74,21 @@ def pip_settings(listing: str) -> dict[str, str]:
     return {key: value for key, (_, value) in found.items()}
 
 
-def uv_options(settings: dict[str, str]) -> list[str]:
-    """uv's options for ``settings`` (:func:`pip_settings`), ``"--option value"`` each, then ``"cert PATH"``
-    when pip has a CA file."""
-    lines = [f"{option} {value}" for key, option in OPTIONS.items() for value in settings.get(key, "").split()]
-    if settings.get("cert"):
-        lines.append(f"cert {settings['cert']}")
-    return lines
+def uv_arguments(settings: dict[str, str]) -> list[str]:
+    """uv's arguments for ``settings`` (:func:`pip_settings`): an option and its value for each value of a list
+    (the CA file too, which replaces uv's own roots as it replaces pip's), ``--no-index`` where pip has it on.
+    Raises :class:`UnsupportedSetting` for a key of :data:`UNSUPPORTED`."""
+    for key, instead in UNSUPPORTED.items():
+        if settings.get(key):
+            raise UnsupportedSetting(
+                f"pip is set up with {key}={settings[key]!r}, which uv (scripts/bootstrap.sh installs the venvs "
+                f"with it) cannot be given on its command line; set {instead} in the environment instead "
+                "(pip reads it too) and remove the setting from pip's configuration")
+    arguments = [part for key, option in LISTS.items() for value in settings.get(key, "").split()
+                 for part in (option, value)]
+    if settings.get("no-index", "").strip().lower() in ("1", "true", "yes", "on"):
+        arguments.append("--no-index")
+    return arguments
 
 
 def main(argv: list[str]) -> int:
@@ -78,7 +101,12 @@ def main(argv: list[str]) -> int:
         print(entry)
         return 0
     if argv == ["sources"]:
-        print("\n".join(uv_options(pip_settings(sys.stdin.read()))))
+        try:
+            arguments = uv_arguments(pip_settings(sys.stdin.read()))
+        except UnsupportedSetting as exc:
+            print(f"bootstrap: {exc}", file=sys.stderr)
+            return 2
+        sys.stdout.write("".join(f"{a}\0" for a in arguments))
         return 0
     print("usage: uv_setup.py entry NAME LOCK | uv_setup.py sources < (pip config list)", file=sys.stderr)
     return 2

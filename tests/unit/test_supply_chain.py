@@ -69,21 +69,34 @@ def test_bootstrap_installs_from_the_locks_with_hashes_only():
     assert 'PIP=("$VENV/bin/pip" install' in text
     assert '"$PYTHON" scripts/uv_setup.py entry uv requirements.lock >"$uv_lock"' in text
     assert '"${PIP[@]}" --no-deps --require-hashes -r "$uv_lock"' in text
-    uv_definition = re.search(r'^UV=\("\$VENV/bin/uv" pip install .*\)$', text, re.M)
+    # uv is given pip's sources as separate arguments (scripts/uv_setup.py, NUL-separated)
+    assert '"$VENV/bin/pip" config list | "$PYTHON" scripts/uv_setup.py sources >"$sources"' in text
+    assert "mapfile -d '' -t pip_sources <\"$sources\"" in text
+    uv_definition = re.search(r'^UV=\("\$VENV/bin/uv" pip install [^)]*\)$', text, re.M)
     assert uv_definition
+    words = uv_definition.group(0).split()
+    assert '"${pip_sources[@]}")' in words
     # the .pyc files written at install, as pip writes them: where PYTHONDONTWRITEBYTECODE is set, nothing else
-    # writes them, and every start compiled what it imported (the suite took 24 min against 17.5)
-    assert "--compile-bytecode" in uv_definition.group(0)
-    assert '"${UV[@]}" --python "$VENV/bin/python" --require-hashes -r requirements.lock' in text
-    assert '"${UV[@]}" --python "$VENV/checkov/bin/python" --require-hashes -r requirements-checkov.lock' in text
+    # writes them, and every start compiled what it imported (the suite took 24 min against 17.5);
+    # unsafe-best-match: a locked version found on a later index (uv's default stops at the first that has the
+    # package: absl-py's locked release is not on this machine's local mirror); no uv configuration file
+    for flag in ("--compile-bytecode", "--no-config", "--index-strategy unsafe-best-match"):
+        assert flag in uv_definition.group(0), flag
+    # each lock also constrains the build dependencies of what it builds from source, hash-checked
+    assert '"${UV[@]}" --python "$VENV/bin/python" --require-hashes -r requirements.lock -b requirements.lock' in text
+    assert ('"${UV[@]}" --python "$VENV/checkov/bin/python" --require-hashes -r requirements-checkov.lock \\\n'
+            '-b requirements-checkov.lock') in text
     # the project and the harness: nothing fetched (no dependencies, the locked setuptools builds them)
     assert '"${UV[@]}" --python "$VENV/bin/python" --no-deps --no-build-isolation -e . -e train' in text
     # those four installs and no other, each through one of the two definitions
     assert len(re.findall(r"\$\{(PIP|UV)\[@\]\}", text)) == 4
     assert len(re.findall(r"pip\" install|uv\" pip install|pip install|-m pip", text)) == 2
+    # a change to the bootstrap itself reinstalls (a venv without .pyc files got the fix)
+    assert '[ scripts/bootstrap.sh -nt "$stamp" ] || [ scripts/uv_setup.py -nt "$stamp" ]' in text
     assert "requirements.txt" not in text  # the input of the lock, never installed from
     makefile = (REPO / "Makefile").read_text()
-    assert re.search(r"^\$\(BOOTSTRAP\):.*requirements\.lock.*requirements-checkov\.lock", makefile, re.M)
+    assert re.search(r"^\$\(BOOTSTRAP\):.*requirements\.lock.*requirements-checkov\.lock.*scripts/uv_setup\.py",
+                     makefile, re.M)
 
 
 def test_uv_entry_of_the_lock_is_its_pin_with_every_hash_and_nothing_else(tmp_path):
@@ -102,26 +115,49 @@ def test_uv_entry_of_the_lock_is_its_pin_with_every_hash_and_nothing_else(tmp_pa
     assert missing.returncode == 1 and "pins no nope" in missing.stderr and not missing.stdout
 
 
+def _sources(listing: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "uv_setup.py"), "sources"], input=listing,
+                          capture_output=True, text=True)
+
+
 def test_uv_gets_the_indexes_and_ca_file_pip_install_would_take():
     """``pip config list``'s merged sections: the environment over [install] over [global]; other sections
-    (pip download's, pip freeze's) and other keys are not pip install's sources."""
+    (pip download's, pip freeze's) and other keys are not pip install's sources. Lists split on spaces and on
+    line breaks (pip.conf's usual form), each value an argument of its own."""
     listing = "\n".join([
         ":env:.find-links='/opt/wheels'",
         "global.cert='/etc/ssl/certs/ca-certificates.crt'",
         "global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'",
         "global.index-url='https://mirror.example/simple'",
         "install.index-url='https://install.example/simple'",
+        "install.trusted-host='\\nmirror.example\\nother.example'",
         "download.find-links='/elsewhere'",
         "global.timeout='60'",
-        ":env:.extra-index-url='https://env.example/simple'",
+        "global.constraint='/etc/xdg/pip/constraints.txt'",
+        ":env:.extra-index-url='https://env.example/simple\\nfile:///a b'",
     ])
-    assert uv_setup.uv_options(uv_setup.pip_settings(listing)) == [
-        "--index-url https://install.example/simple",
-        "--extra-index-url https://env.example/simple",
-        "--find-links /opt/wheels",
-        "cert /etc/ssl/certs/ca-certificates.crt",
+    out = _sources(listing)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\0") == [
+        "--index-url", "https://install.example/simple",
+        "--extra-index-url", "https://env.example/simple", "--extra-index-url", "file:///a",
+        "--extra-index-url", "b",
+        "--find-links", "/opt/wheels",
+        "--allow-insecure-host", "mirror.example", "--allow-insecure-host", "other.example",
+        "--cert", "/etc/ssl/certs/ca-certificates.crt",
+        "",     # every argument ends with a NUL, the last one too
     ]
-    assert uv_setup.uv_options(uv_setup.pip_settings("")) == []
+    assert _sources("").stdout == ""
+    assert uv_setup.uv_arguments(uv_setup.pip_settings(":env:.no-index='1'")) == ["--no-index"]
+    assert uv_setup.uv_arguments(uv_setup.pip_settings("global.no-index='false'")) == []
+
+
+@pytest.mark.parametrize("key, instead", [("proxy", "HTTPS_PROXY"), ("client-cert", "SSL_CLIENT_CERT")])
+def test_a_pip_setting_uv_cannot_take_is_one_clear_error(key, instead):
+    out = _sources(f"global.index-url='https://mirror.example/simple'\ninstall.{key}='http://p.example:3128'")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert f"{key}='http://p.example:3128'" in out.stderr and instead in out.stderr
 
 
 def test_setuptools_is_locked_because_the_editable_installs_use_no_build_isolation():
