@@ -163,8 +163,8 @@ def run_then_teardown(spec: config.RunSpec, force: bool, steps, always: bool) ->
         status = 1
     if not always and status == 0:
         return 0
-    if status == EXIT_USAGE and not ClusterState(spec.cluster).dir.exists():
-        return status   # refused before anything was created: nothing to tear down
+    if status == EXIT_USAGE and not cluster.has_more_than_down_keeps(ClusterState(spec.cluster)):
+        return status   # refused before anything was created, and nothing was up before: nothing to tear down
     with cluster.ctrl_c_ignored():
         cluster.say("tearing down (Ctrl-C is ignored until this is done)")
         try:

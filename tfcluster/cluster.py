@@ -298,6 +298,16 @@ def _print_run(state: ClusterState, up: bool = False) -> None:
         print(f"run {rec.get('run_id')}: {rec.get('state')}{acc}{left} ({rec.get('s3_prefix', '')})")
 
 
+#: what :func:`down` leaves of a cluster's state directory: the fetched node logs and the last run's record
+DOWN_KEEPS = frozenset({"logs", "run.json"})
+
+
+def has_more_than_down_keeps(state: ClusterState) -> bool:
+    """Whether the cluster's state holds anything :func:`down` would remove (nodes, Terraform's or IM's state,
+    keys, the spec): a cluster never brought up, or down already, holds at most :data:`DOWN_KEEPS`."""
+    return state.exists() and any(p.name not in DOWN_KEEPS for p in state.dir.iterdir())
+
+
 def down(cluster: str, provider_name: str | None = None) -> None:
     """Destroy the cluster from its state alone, then prove nothing of it remains."""
     state = ClusterState(cluster)

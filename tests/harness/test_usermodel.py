@@ -17,6 +17,44 @@ def test_load_by_name_and_by_absolute_path():
     assert usermodel.from_logits(by_name) is True
 
 
+@pytest.mark.parametrize("extra, message", [
+    ("loss = 'mse'\ndef metric():\n    return ['mae']\n",
+     "defines metric() but no metrics(): a run reads metrics only, and without it reports the loss alone"),
+    ("def Metrics():\n    return ['mae']\n", "defines Metrics() but no metrics(): a run reads metrics only, and "
+     "without it reports accuracy alone (the default loss's metric)"),
+    ("def make_optimiser(learning_rate):\n    return None\n",
+     "defines make_optimiser() but no make_optimizer(): a run reads make_optimizer only, and without it trains "
+     "with Adam"),
+    ("FROM_LOGIT = False\n", "defines FROM_LOGIT = False but no FROM_LOGITS = ...: a run reads FROM_LOGITS only, "
+     "and without it takes build_model's outputs for logits"),
+    ("from_logits = False\n", "defines from_logits = False but no FROM_LOGITS"),
+])
+def test_a_slip_for_a_name_whose_default_would_apply_silently_is_refused(tmp_path, extra, message):
+    """A misspelt optional name would be ignored and its default used with no error (a `metric()`: the run
+    reports the loss alone): refused, naming the slip, the name and what the run would do without it."""
+    path = tmp_path / "slip.py"
+    path.write_text("def build_model(hparams):\n    return None\n" + extra)
+    with pytest.raises(usermodel.ModelModuleError) as refused:
+        usermodel.load(str(path))
+    assert str(refused.value).startswith(f"model module slip.py {message}"), str(refused.value)
+
+
+@pytest.mark.parametrize("extra", [
+    "def metric(y_true, y_pred):\n    return 0\n",                  # a custom metric function: not metrics()
+    "def metrics():\n    return ['mae']\ndef metric():\n    return 0\n",   # metrics() is there
+    "def optimizer(learning_rate):\n    return None\n",             # not close enough to make_optimizer
+    "def custom_metrics():\n    return []\n",
+    "def decoder(hparams):\n    return None\n",                     # decode's absence is never silent
+    "from os.path import join as metric\n",                          # imported, not the module's own
+    "FROM_LOGIT = 'x'\n",                                            # not a bool
+    "def _metric():\n    return []\n",                              # private
+])
+def test_names_that_are_not_slips_load(tmp_path, extra):
+    path = tmp_path / "fine.py"
+    path.write_text("def build_model(hparams):\n    return None\n" + extra)
+    assert usermodel.load(str(path)).build_model
+
+
 @pytest.mark.parametrize("name, fragment", [
     ("no_such_model", "not found"),
     ("models/digits.py", "must be absolute"),
@@ -31,6 +69,10 @@ def test_module_without_interface(tmp_path):
     path = tmp_path / "half.py"
     path.write_text("def make_dataset():\n    return None\n")
     with pytest.raises(usermodel.ModelModuleError, match=r"^model module half.py has no build_model\(\) function$"):
+        usermodel.load(str(path))
+    path.write_text("def build_modle(hparams):\n    return None\n")
+    with pytest.raises(usermodel.ModelModuleError, match=r"^model module half.py has no build_model\(\) function "
+                       r"\(it defines build_modle\(\): a misspelt name\?\)$"):
         usermodel.load(str(path))
     path.write_text("def build_model():\n    return None\nmetrics = ['auc']\n")
     with pytest.raises(usermodel.ModelModuleError, match=r"^model module half.py: metrics must be a function "
@@ -230,6 +272,13 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
      "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])\n",
      np.array([0.0, 1.0]), "labels of shape () per example do not fit the model's outputs of shape (3,) under "
                            "loss binary_crossentropy: Keras would broadcast them"),
+    # class ids for a multi-class model under the categorical (one-hot) cross-entropy: its sparse form named
+    ("import keras\nloss = 'categorical_crossentropy'\n"
+     "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])\n",
+     np.array([0, 2]), "under loss categorical_crossentropy: Keras would broadcast them and train on nonsense; for "
+                       "class ids (one number per example) use loss = keras.losses.SparseCategoricalCrossentropy("
+                       "from_logits=...) or the default loss; else have make_dataset() give labels of shape (3,), "
+                       "or change the model's outputs"),
     # three values per example for one output under mse: Keras broadcasts them without an error
     ("import keras\nloss = 'mse'\n"
      "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])\n",

@@ -27,6 +27,10 @@ CASES = [
     ("tfrecord without decode", GOOD_MODEL + "loss = 'mse'\n",
      "data:\n  train: s3://tfcluster/d/train-*\n  test: s3://tfcluster/d/test-*\n",
      "model module job.py has no decode(record) function; data.format tfrecord needs one"),
+    ("a misspelt metrics()", GOOD_MODEL + "loss = 'mse'\ndef make_dataset(): pass\n"
+     "def metric():\n    return ['mae']\n", "",
+     "model module job.py defines metric() but no metrics(): a run reads metrics only, and without it reports the "
+     "loss alone"),
     ("loss Keras cannot resolve", GOOD_MODEL + "loss = 'mean_squired_error'\ndef make_dataset(): pass\n", "",
      "model module job.py: loss 'mean_squired_error' is not a Keras loss name"),
     ("metric Keras cannot resolve", GOOD_MODEL + "loss = 'mse'\ndef make_dataset(): pass\n"

@@ -106,6 +106,33 @@ def test_make_all_refused_by_another_controller_tears_nothing_down(tmp_path, mon
     assert cli.run_then_teardown(spec, True, [lambda spec: None, refused], always=True) == 3
 
 
+def test_a_refused_step_of_make_up_train_down_tears_down_only_what_is_there(tmp_path, monkeypatch, capsys):
+    """`make up train down` whose up or train refuses bad input (exit 2): on a cluster down already (its state
+    directory holds only the logs and the run record down keeps) nothing is torn down and only the error is
+    said; where the nodes are up (this make's own `up` brought them), they are torn down."""
+    from tfcluster import cli, cluster
+    from tfcluster.errors import JobError
+
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path / "home"))
+    spec = config.resolve({"cluster": "tfct-one"})
+    state = ClusterState("tfct-one")
+    (state.dir / "logs").mkdir(parents=True)
+    state.run.write_text("{}")
+    torn = []
+    monkeypatch.setattr(teardown, "teardown", lambda spec, force: torn.append(spec.cluster))
+
+    def refused(spec):
+        raise JobError("model module job.py has no build_model() function")
+
+    assert not cluster.has_more_than_down_keeps(state)
+    assert cli.run_then_teardown(spec, False, [refused], always=False) == 2
+    assert torn == [] and capsys.readouterr().out == ""
+    state.nodes.write_text("[]")
+    assert cluster.has_more_than_down_keeps(state)
+    assert cli.run_then_teardown(spec, False, [refused], always=False) == 2
+    assert torn == ["tfct-one"] and "tearing down" in capsys.readouterr().out
+
+
 def test_a_second_sweep_is_refused(tmp_path, monkeypatch, holder):
     monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path / "home"))
     spec = config.resolve({"cluster": "tfct-one"})

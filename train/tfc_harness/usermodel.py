@@ -23,6 +23,7 @@ code (an import error, an exception in one of its functions, a value the harness
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import inspect
 import re
@@ -38,6 +39,15 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 __all__ = ["ModelModuleError", "build_model", "call", "check_batch", "fail", "from_logits", "label", "load",
            "loss_fn", "make_optimizer", "metric_objects", "probability_fn", "resolve_path"]
+
+#: the optional names whose absence changes a run without an error (their defaults apply): what a slip of the
+#: module's own for each would be (a function taking that many parameters, or a bool) and what the run then does
+_SILENT_DEFAULTS = {"metrics": (0, "reports the loss alone"),
+                    "make_optimizer": (1, "trains with Adam"),
+                    "FROM_LOGITS": (bool, "takes build_model's outputs for logits")}
+#: how close a name must be to one of them to be taken for a slip (difflib's ratio, case ignored): ``metric``
+#: and ``make_optimiser`` are; ``optimizer`` and ``custom_metrics`` are not
+_SLIP_RATIO = 0.8
 
 # Loss classes whose logits the served model turns into probabilities, and how.
 _SOFTMAX_LOSSES = {"SparseCategoricalCrossentropy", "CategoricalCrossentropy", "CategoricalFocalCrossentropy"}
@@ -104,13 +114,65 @@ def load(model_module: str | ModuleType, models_dir: Path = MODELS_DIR) -> Modul
     else:
         module = _import(resolve_path(model_module, models_dir))
     if not callable(getattr(module, "build_model", None)):
-        raise ModelModuleError(f"model module {label(module)} has no build_model() function")
+        slips = _slips_of(module, "build_model", (0, 1))
+        raise ModelModuleError(f"model module {label(module)} has no build_model() function"
+                               + (f" (it defines {slips[0]}(): a misspelt name?)" if slips else ""))
     for optional in ("make_dataset", "decode", "metrics", "make_optimizer"):
         value = getattr(module, optional, None)
         if value is not None and not callable(value):
             raise ModelModuleError(f"model module {label(module)}: {optional} must be a function "
                                    f"(got {type(value).__name__})")
+    _refuse_slips(module)
     return module
+
+
+def _slips_of(module: ModuleType, name: str, shape) -> list[str]:
+    """The module's own top-level names that look like a slip for ``name``: close to it (case ignored) and of
+    its ``shape`` (``bool``, or the numbers of parameters its function may take: a function defined in the
+    module, not one it imported)."""
+    found = []
+    for own, value in vars(module).items():
+        if own == name or own.startswith("_") or \
+                difflib.SequenceMatcher(None, own.lower(), name.lower()).ratio() < _SLIP_RATIO:
+            continue
+        if shape is bool:
+            fits = isinstance(value, bool)
+        else:
+            takes = inspect.isfunction(value) and value.__module__ == module.__name__ and _required_and_most(value)
+            fits = bool(takes) and any(takes[0] <= n <= takes[1] for n in shape)
+        if fits:
+            found.append(own)
+    return sorted(found)
+
+
+def _required_and_most(function) -> tuple[int, float] | None:
+    """How many positional parameters ``function`` requires and takes at most (inf with ``*args``)."""
+    try:
+        params = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(p.default is p.empty for p in positional)
+    most = float("inf") if any(p.kind is p.VAR_POSITIONAL for p in params) else len(positional)
+    return required, most
+
+
+def _refuse_slips(module: ModuleType) -> None:
+    """Refuse a module that lacks one of the optional names a run would silently do without (``metrics``: the
+    loss alone reported; ``make_optimizer``: Adam; ``FROM_LOGITS``: logits assumed) but defines what looks
+    like a slip for it (``metric()``, ``make_optimiser(lr)``, ``FROM_LOGIT = False``): that run would ignore it."""
+    for name, (shape, default) in _SILENT_DEFAULTS.items():
+        if hasattr(module, name):
+            continue
+        slips = _slips_of(module, name, shape if shape is bool else (shape,))
+        if slips:
+            if name == "metrics" and getattr(module, "loss", None) is None:
+                default = "reports accuracy alone (the default loss's metric)"
+            what = f"{name} = ..." if shape is bool else f"{name}()"
+            got = f"{slips[0]} = {getattr(module, slips[0])!r}" if shape is bool else f"{slips[0]}()"
+            raise ModelModuleError(f"model module {label(module)} defines {got} but no {what}: a run reads "
+                                   f"{name} only, and without it {default}; rename it {name}, or give a "
+                                   f"name of your own one less like {name}")
 
 
 def has_dataset(module: ModuleType) -> bool:
@@ -303,11 +365,23 @@ def _check_label_shape(module: ModuleType, loss, label_shape: tuple, output_shap
     a loss of the module's own) may want other shapes: not judged."""
     if not getattr(loss, "keras_own", type(loss).__module__.startswith("keras.")):
         return
-    wanted = _wanted_labels(loss_name(loss), SAME_SHAPE_LOSSES, SPARSE_LOSSES, label_shape, output_shape)
+    name = loss_name(loss)
+    wanted = _wanted_labels(name, SAME_SHAPE_LOSSES, SPARSE_LOSSES, label_shape, output_shape)
     if wanted:
         raise ModelModuleError(f"model module {label(module)}: labels of shape {label_shape} per example do not "
-                               f"fit the model's outputs of shape {output_shape} under loss {loss_name(loss)}: "
-                               f"Keras would broadcast them and train on nonsense; {_label_fix(data_format, wanted)}")
+                               f"fit the model's outputs of shape {output_shape} under loss {name}: "
+                               f"Keras would broadcast them and train on nonsense; "
+                               f"{_sparse_fix(name, label_shape, output_shape)}{_label_fix(data_format, wanted)}")
+
+
+def _sparse_fix(name: str, label_shape: tuple, output_shape: tuple) -> str:
+    """Under the categorical cross-entropy (one-hot labels), one number per example against several outputs:
+    class ids, which its sparse form takes."""
+    if name.lower().replace("_", "") == "categoricalcrossentropy" and all(d == 1 for d in label_shape) and \
+            len(output_shape) == 1 and output_shape[0] > 1:
+        return ("for class ids (one number per example) use loss = "
+                "keras.losses.SparseCategoricalCrossentropy(from_logits=...) or the default loss; else ")
+    return ""
 
 
 #: Keras's own metrics (their class names, lower case) whose labels have the outputs' shape (one-hot for the
