@@ -298,8 +298,9 @@ def _print_run(state: ClusterState, up: bool = False) -> None:
         print(f"run {rec.get('run_id')}: {rec.get('state')}{acc}{left} ({rec.get('s3_prefix', '')})")
 
 
-#: what :func:`down` leaves of a cluster's state directory: the fetched node logs and the last run's record
-DOWN_KEEPS = frozenset({"logs", "run.json"})
+#: what :func:`down` leaves of a cluster's state directory: the fetched node logs, the last run's record and the
+#: records of its sweeps
+DOWN_KEEPS = frozenset({"logs", "run.json", "sweeps"})
 
 
 def has_more_than_down_keeps(state: ClusterState) -> bool:

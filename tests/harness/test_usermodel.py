@@ -25,8 +25,10 @@ def test_load_by_name_and_by_absolute_path():
     ("def make_optimiser(learning_rate):\n    return None\n",
      "defines make_optimiser() but no make_optimizer(): a run reads make_optimizer only, and without it trains "
      "with Adam"),
+    ("def make_optimiser():\n    return None\n", "defines make_optimiser() but no make_optimizer()"),
     ("FROM_LOGIT = False\n", "defines FROM_LOGIT = False but no FROM_LOGITS = ...: a run reads FROM_LOGITS only, "
-     "and without it takes build_model's outputs for logits"),
+     "and without it takes build_model's outputs for logits; rename it FROM_LOGITS, or give a helper of yours a "
+     "name unlike it (or one starting with _)"),
     ("from_logits = False\n", "defines from_logits = False but no FROM_LOGITS"),
 ])
 def test_a_slip_for_a_name_whose_default_would_apply_silently_is_refused(tmp_path, extra, message):
@@ -47,6 +49,11 @@ def test_a_slip_for_a_name_whose_default_would_apply_silently_is_refused(tmp_pat
     "def decoder(hparams):\n    return None\n",                     # decode's absence is never silent
     "from os.path import join as metric\n",                          # imported, not the module's own
     "FROM_LOGIT = 'x'\n",                                            # not a bool
+    "FROM_LOGIT = True\n",                                           # the default: the run does what it says
+    # the module's own loss decides, whatever FROM_LOGITS would say
+    "import keras\nfrom_logits = False\nloss = keras.losses.BinaryCrossentropy(from_logits=from_logits)\n",
+    "def metric(*, y_true, y_pred):\n    return 0\n",               # cannot be called as metrics() is
+    "def numerics():\n    return []\n",                             # not close enough
     "def _metric():\n    return []\n",                              # private
 ])
 def test_names_that_are_not_slips_load(tmp_path, extra):

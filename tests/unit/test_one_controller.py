@@ -108,8 +108,9 @@ def test_make_all_refused_by_another_controller_tears_nothing_down(tmp_path, mon
 
 def test_a_refused_step_of_make_up_train_down_tears_down_only_what_is_there(tmp_path, monkeypatch, capsys):
     """`make up train down` whose up or train refuses bad input (exit 2): on a cluster down already (its state
-    directory holds only the logs and the run record down keeps) nothing is torn down and only the error is
-    said; where the nodes are up (this make's own `up` brought them), they are torn down."""
+    directory holds only what down keeps: the logs, the run record, the sweeps' records) nothing is torn down
+    and only the error is said; where the nodes are up (this make's own `up` brought them), they are torn
+    down."""
     from tfcluster import cli, cluster
     from tfcluster.errors import JobError
 
@@ -117,6 +118,7 @@ def test_a_refused_step_of_make_up_train_down_tears_down_only_what_is_there(tmp_
     spec = config.resolve({"cluster": "tfct-one"})
     state = ClusterState("tfct-one")
     (state.dir / "logs").mkdir(parents=True)
+    (state.dir / "sweeps").mkdir()
     state.run.write_text("{}")
     torn = []
     monkeypatch.setattr(teardown, "teardown", lambda spec, force: torn.append(spec.cluster))

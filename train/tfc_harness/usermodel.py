@@ -41,12 +41,14 @@ __all__ = ["ModelModuleError", "build_model", "call", "check_batch", "fail", "fr
            "loss_fn", "make_optimizer", "metric_objects", "probability_fn", "resolve_path"]
 
 #: the optional names whose absence changes a run without an error (their defaults apply): what a slip of the
-#: module's own for each would be (a function taking that many parameters, or a bool) and what the run then does
-_SILENT_DEFAULTS = {"metrics": (0, "reports the loss alone"),
-                    "make_optimizer": (1, "trains with Adam"),
+#: module's own for each would be (a function taking one of these numbers of parameters, or a bool) and what the
+#: run then does
+#: (``FROM_LOGITS`` only where it would matter: under the default loss, and a slip that says False)
+_SILENT_DEFAULTS = {"metrics": ((0,), "reports the loss alone"),
+                    "make_optimizer": ((0, 1), "trains with Adam"),
                     "FROM_LOGITS": (bool, "takes build_model's outputs for logits")}
-#: how close a name must be to one of them to be taken for a slip (difflib's ratio, case ignored): ``metric``
-#: and ``make_optimiser`` are; ``optimizer`` and ``custom_metrics`` are not
+#: how close a name must be to one of them to be taken for a slip (difflib's ratio, case ignored, above
+#: this): ``metric`` and ``make_optimiser`` are; ``optimizer``, ``numerics`` and ``custom_metrics`` are not
 _SLIP_RATIO = 0.8
 
 # Loss classes whose logits the served model turns into probabilities, and how.
@@ -133,10 +135,10 @@ def _slips_of(module: ModuleType, name: str, shape) -> list[str]:
     found = []
     for own, value in vars(module).items():
         if own == name or own.startswith("_") or \
-                difflib.SequenceMatcher(None, own.lower(), name.lower()).ratio() < _SLIP_RATIO:
+                difflib.SequenceMatcher(None, own.lower(), name.lower()).ratio() <= _SLIP_RATIO:
             continue
         if shape is bool:
-            fits = isinstance(value, bool)
+            fits = value is False
         else:
             takes = inspect.isfunction(value) and value.__module__ == module.__name__ and _required_and_most(value)
             fits = bool(takes) and any(takes[0] <= n <= takes[1] for n in shape)
@@ -146,10 +148,13 @@ def _slips_of(module: ModuleType, name: str, shape) -> list[str]:
 
 
 def _required_and_most(function) -> tuple[int, float] | None:
-    """How many positional parameters ``function`` requires and takes at most (inf with ``*args``)."""
+    """How many positional parameters ``function`` requires and takes at most (inf with ``*args``); None when
+    it cannot be called with positional arguments alone (a required keyword-only parameter)."""
     try:
         params = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.KEYWORD_ONLY and p.default is p.empty for p in params):
         return None
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = sum(p.default is p.empty for p in positional)
@@ -162,9 +167,9 @@ def _refuse_slips(module: ModuleType) -> None:
     loss alone reported; ``make_optimizer``: Adam; ``FROM_LOGITS``: logits assumed) but defines what looks
     like a slip for it (``metric()``, ``make_optimiser(lr)``, ``FROM_LOGIT = False``): that run would ignore it."""
     for name, (shape, default) in _SILENT_DEFAULTS.items():
-        if hasattr(module, name):
+        if hasattr(module, name) or (name == "FROM_LOGITS" and getattr(module, "loss", None) is not None):
             continue
-        slips = _slips_of(module, name, shape if shape is bool else (shape,))
+        slips = _slips_of(module, name, shape)
         if slips:
             if name == "metrics" and getattr(module, "loss", None) is None:
                 default = "reports accuracy alone (the default loss's metric)"
@@ -172,7 +177,7 @@ def _refuse_slips(module: ModuleType) -> None:
             got = f"{slips[0]} = {getattr(module, slips[0])!r}" if shape is bool else f"{slips[0]}()"
             raise ModelModuleError(f"model module {label(module)} defines {got} but no {what}: a run reads "
                                    f"{name} only, and without it {default}; rename it {name}, or give a "
-                                   f"name of your own one less like {name}")
+                                   f"helper of yours a name unlike it (or one starting with _)")
 
 
 def has_dataset(module: ModuleType) -> bool:
