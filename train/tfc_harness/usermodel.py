@@ -42,8 +42,7 @@ __all__ = ["ModelModuleError", "build_model", "call", "check_batch", "fail", "fr
 
 #: the optional names whose absence changes a run without an error (their defaults apply): what a slip of the
 #: module's own for each would be (a function taking one of these numbers of parameters, or a bool) and what the
-#: run then does
-#: (``FROM_LOGITS`` only where it would matter: under the default loss, and a slip that says False)
+#: run then does (``FROM_LOGITS`` only where it would matter: under the default loss, and a slip that says False)
 _SILENT_DEFAULTS = {"metrics": ((0,), "reports the loss alone"),
                     "make_optimizer": ((0, 1), "trains with Adam"),
                     "FROM_LOGITS": (bool, "takes build_model's outputs for logits")}
@@ -140,8 +139,9 @@ def _slips_of(module: ModuleType, name: str, shape) -> list[str]:
         if shape is bool:
             fits = value is False
         else:
-            takes = inspect.isfunction(value) and value.__module__ == module.__name__ and _required_and_most(value)
-            fits = bool(takes) and any(takes[0] <= n <= takes[1] for n in shape)
+            own_function = inspect.isfunction(value) and value.__module__ == module.__name__
+            takes = _required_and_most(value) if own_function else None
+            fits = takes is not None and any(takes[0] <= n <= takes[1] for n in shape)
         if fits:
             found.append(own)
     return sorted(found)
