@@ -129,8 +129,8 @@ def load(model_module: str | ModuleType, models_dir: Path = MODELS_DIR) -> Modul
 
 def _slips_of(module: ModuleType, name: str, shape) -> list[str]:
     """The module's own top-level names that look like a slip for ``name``: close to it (case ignored) and of
-    its ``shape`` (``bool``, or the numbers of parameters its function may take: a function defined in the
-    module, not one it imported)."""
+    its ``shape`` (``bool``: the value False, the one that changes what a missing ``FROM_LOGITS`` means; or the
+    numbers of parameters its function may take: a function defined in the module, not one it imported)."""
     found = []
     for own, value in vars(module).items():
         if own == name or own.startswith("_") or \
