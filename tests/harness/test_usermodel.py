@@ -85,6 +85,17 @@ def test_module_without_interface(tmp_path):
     with pytest.raises(usermodel.ModelModuleError, match=r"^model module half.py: metrics must be a function "
                        r"\(got list\)$"):
         usermodel.load(str(path))
+    path.write_text("import json as metrics\ndef build_model():\n    return None\n")
+    with pytest.raises(usermodel.ModelModuleError, match=r"^model module half.py: metrics must be a function "
+                       r"\(got module\): the module json, bound to that name by an import; import it under "
+                       r"another name \(import json as \.\.\.\): a run calls metrics\(\) as a function the "
+                       r"module defines$"):
+        usermodel.load(str(path))
+    path.write_text("from email import message as make_optimizer\ndef build_model():\n    return None\n")
+    with pytest.raises(usermodel.ModelModuleError, match=r"make_optimizer must be a function \(got module\): "
+                       r"the module email.message, .* \(from email import message as \.\.\.\): a run calls "
+                       r"make_optimizer\(\) as a function the module defines$"):
+        usermodel.load(str(path))
     path.write_text("def build_model():\n    return None\n")   # data may come from files in storage
     assert not usermodel.has_dataset(usermodel.load(str(path)))
     path.write_text("def build_model():\n    return None\ndef make_dataset():\n    return {}\nFROM_LOGITS = 'yes'\n")

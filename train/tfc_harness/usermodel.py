@@ -121,10 +121,19 @@ def load(model_module: str | ModuleType, models_dir: Path = MODELS_DIR) -> Modul
     for optional in ("make_dataset", "decode", "metrics", "make_optimizer"):
         value = getattr(module, optional, None)
         if value is not None and not callable(value):
+            hint = _module_hint(optional, value) if isinstance(value, ModuleType) else ""
             raise ModelModuleError(f"model module {label(module)}: {optional} must be a function "
-                                   f"(got {type(value).__name__})")
+                                   f"(got {type(value).__name__}){hint}")
     _refuse_slips(module)
     return module
+
+
+def _module_hint(name: str, value: ModuleType) -> str:
+    """What to do when an import bound a module to a name the run reads as a function."""
+    parent, _, leaf = value.__name__.rpartition(".")
+    rebind = f"from {parent} import {leaf} as ..." if parent else f"import {leaf} as ..."
+    return (f": the module {value.__name__}, bound to that name by an import; import it under another name "
+            f"({rebind}): a run calls {name}() as a function the module defines")
 
 
 def _slips_of(module: ModuleType, name: str, shape) -> list[str]:
