@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from . import tfimport
+from . import ending, tfimport
 
 SIGNATURE = "serving_default"
 OUTPUTS = "outputs"
@@ -159,4 +159,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    ending.exit_now(main())   # the caller waits for the exit: not for the teardown of TensorFlow

@@ -45,7 +45,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from . import data, formats, s3io, tfimport, usermodel
+from . import data, ending, formats, s3io, tfimport, usermodel
 from .errors import HarnessError, ModelModuleError, cause
 from .inputs import PROBE_EXAMPLES
 
@@ -632,4 +632,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    ending.exit_now(main())   # the caller waits for the exit: not for the teardown of TensorFlow
