@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
-import http.server
 import io
 import platform
 import re
@@ -134,6 +133,7 @@ def serve(directory: Path, host: str) -> Iterator[str]:
     Local nodes have no route beyond their bridge; pip on each of them reads the controller's
     wheelhouse from this short-lived server instead of a copy per node.
     """
+    import http.server  # here: every command imports this module, few serve (~14 ms)
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
