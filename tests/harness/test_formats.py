@@ -56,6 +56,32 @@ def test_csv_non_numeric_cell_names_file_line_and_column(tmp_path, cell, shown):
     assert f"{bad}: line 4, column b {shown} (every CSV column must hold numbers)" in str(err.value)
 
 
+def test_a_copy_of_an_object_is_named_by_the_object_in_errors(tmp_path):
+    """A file with ``<path>.source`` beside it (the stream's copies) is named by what that holds: the object."""
+    bad = _write(tmp_path / "7.data", "a,target,b\n1,2,3\n4,5,N/A\n")
+    (tmp_path / f"7.data{formats.SOURCE_SUFFIX}").write_text("s3://data/set/part-2.csv\n")
+    read = formats.reader("csv", columns=COLUMNS, label="target")
+    with pytest.raises(tf.errors.InvalidArgumentError) as err:
+        _read(read, [bad])
+    assert "s3://data/set/part-2.csv: line 3, column b holds N/A, not a number" in str(err.value)
+    assert "7.data" not in str(err.value)
+    swapped = _write(tmp_path / "8.data", "b,target,a\n1,2,3\n")
+    (tmp_path / f"8.data{formats.SOURCE_SUFFIX}").write_text("s3://data/set/part-3.csv\n")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="s3://data/set/part-3.csv: header b,target,a differs"):
+        _read(read, [swapped])
+
+
+def test_a_file_the_reader_refused_fails_a_restarted_task_the_same_way():
+    """A TensorFlow op error with a reader's own words about a file's content: a restart would read it again."""
+    bad = tf.errors.InvalidArgumentError(None, None, "assertion failed: [s3://d/p.csv: line 3, column b holds x, "
+                                         "not a number" + csv_files.NOT_NUMBERS + "]")
+    assert formats.bad_content(bad)
+    assert formats.bad_content(tf.errors.InvalidArgumentError(None, None, "s3://d/p.csv: header b,a"
+                                                              + csv_files.HEADER_DIFFERS + "a,b"))
+    assert not formats.bad_content(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [32] vs. [16]"))
+    assert not formats.bad_content(ValueError("line 3" + csv_files.NOT_NUMBERS))    # not a reader's op error
+
+
 def test_csv_file_with_another_header_is_refused(tmp_path):
     one = _write(tmp_path / "1.csv", "a,target,b\n1,2,3\n")
     swapped = _write(tmp_path / "2.csv", "b,target,a\n1,2,3\n")

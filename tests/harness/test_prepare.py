@@ -163,6 +163,9 @@ def test_good_csv_and_tfrecord_jobs(store, tmp_path, creds):
      "data.train: 3 files for 4 workers: worker 3 would have no data"),
     (CSV_MODEL, "csv/nolabel/train-*", "csv/nolabel/test-*", "csv", 2, prepare.DataError,
      "s3://prep/csv/nolabel/train-0.csv: label column 'target' (data.label) is not in the header (a, b, c)"),
+    # good training files, a test file without the label: that is what is said, not that its header differs
+    (CSV_MODEL, "csv/good/train-*", "csv/nolabel/test-*", "csv", 2, prepare.DataError,
+     "s3://prep/csv/nolabel/test-0.csv: label column 'target' (data.label) is not in the header (a, b, c)"),
     (CSV_MODEL, "csv/text/train-*", "csv/text/test-*", "csv", 2, prepare.DataError,
      "s3://prep/csv/text/test-0.csv: line 2, column b holds high, not a number (every CSV column must hold numbers)"),
     # a file past the first training file: its first row, read as the workers will, names it

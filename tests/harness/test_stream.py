@@ -204,11 +204,13 @@ def test_files_are_deleted_once_the_reader_has_passed_them(s3_client, bucket, tm
             path = next(names).numpy().decode()
             content = open(path, "rb").read()
             assert content == s3_client.get_object(Bucket=bucket, Key=f["key"])["Body"].read()
+            assert open(path + formats.SOURCE_SUFFIX).read() == f"s3://{bucket}/{f['key']}\n"
             if previous:
                 deadline = time.monotonic() + 5
                 while (directory / previous).exists() and time.monotonic() < deadline:
                     time.sleep(0.01)
                 assert not (directory / previous).exists()
+                assert not (directory / (previous + formats.SOURCE_SUFFIX)).exists()
             previous = path.rsplit("/", 1)[1]
     finally:
         prefetcher.stop()
@@ -219,13 +221,14 @@ def test_start_clears_what_an_earlier_run_left(s3_client, bucket, tmp_path):
     files = _upload_records(s3_client, bucket, tmp_path, [1])
     directory = tmp_path / "stream"
     directory.mkdir()
-    for stale in ("7.data", ".3.data.part", stream.POSITION):
+    for stale in ("7.data", "7.data" + formats.SOURCE_SUFFIX, ".3.data.part", stream.POSITION):
         (directory / stale).write_bytes(b"old")
     (directory / stream.KEPT).mkdir()
     (directory / stream.KEPT / "0").write_bytes(b"another run's file 0")
     prefetcher = stream.Prefetcher(s3_client, bucket, files, directory, ahead=1, keep_bytes=1 << 20).start()
     try:
         assert not (directory / "7.data").exists() and not (directory / ".3.data.part").exists()
+        assert not (directory / ("7.data" + formats.SOURCE_SUFFIX)).exists()
         deadline = time.monotonic() + 10
         while not (directory / stream.KEPT / "0").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -279,12 +282,32 @@ def test_test_batches_cross_files_one_file_on_disk_at_a_time(s3_client, bucket, 
     batches, on_disk = [], []
     for x, y in stream.test_batches(s3_client, bucket, files, read, directory, 4):
         batches.append((x, y))
-        on_disk.append(len(list(directory.iterdir())))
+        on_disk.append(len([p for p in directory.iterdir() if not p.name.endswith(formats.SOURCE_SUFFIX)]))
     assert [len(x) for x, _ in batches] == [4, 4, 4, 3]
     x = np.concatenate([b[0] for b in batches])
     y = np.concatenate([b[1] for b in batches])
     assert x.tolist() == [[a, b] for a, _, b in rows] and y.tolist() == [t for _, t, _ in rows]
     assert max(on_disk) <= 1 and list(directory.iterdir()) == []
+
+
+def test_a_bad_cell_in_a_streamed_or_test_file_names_its_object(s3_client, bucket, tmp_path):
+    """The reader reads local copies; its error names the object in S3 (a worker's stream and the chief's test
+    batches), not the copy's path."""
+    files = [_upload_csv(s3_client, bucket, "t/ok.csv", [(1, 0, 2)]),
+             _upload_csv(s3_client, bucket, "t/bad.csv", [(1, 0, 2), (3, 1, "N/A")])]
+    read = formats.reader("csv", columns=["a", "target", "b"], label="target")
+    directory = tmp_path / "stream"
+    prefetcher = stream.Prefetcher(s3_client, bucket, files, directory, ahead=2, poll_s=0.01).start()
+    try:
+        with pytest.raises(tf.errors.InvalidArgumentError) as err:
+            list(read(stream.file_names(str(directory), poll_ms=5, wait_s=10)).take(4).as_numpy_iterator())
+    finally:
+        prefetcher.stop()
+    assert f"s3://{bucket}/t/bad.csv: line 3, column b holds N/A, not a number" in str(err.value)
+    with pytest.raises(tf.errors.InvalidArgumentError) as err:
+        list(stream.test_batches(s3_client, bucket, files, read, tmp_path / "test", 4))
+    assert f"s3://{bucket}/t/bad.csv: line 3, column b holds N/A" in str(err.value)
+    assert list((tmp_path / "test").iterdir()) == []
 
 
 def test_test_batches_raise_the_transfer_error(s3_client, bucket, tmp_path):

@@ -197,6 +197,8 @@ def verify_spec(client, bucket: str, dataset_prefix: str, files: dict | None, di
     """Download the test split a run used into ``directory``; returns the spec :mod:`tfc_harness.evaluate`
     reads (its ``dir``: ``directory``, which holds every file it names).  ``files`` is the settings' ``data``
     (None: the arrays under ``dataset_prefix`` in ``bucket``)."""
+    from . import stream
+
     directory.mkdir(parents=True, exist_ok=True)
     if files is None:
         path = directory / "test.npz"
@@ -209,6 +211,7 @@ def verify_spec(client, bucket: str, dataset_prefix: str, files: dict | None, di
             raise s3io.TransferError(f"s3://{files['bucket']}/{f['key']} changed since the run started (ETag "
                                      f"{f['etag']}, now {now}): the test data the model was evaluated on is gone")
         path = directory / f"test-{i:05d}"
+        stream.write_source(path, files["bucket"], f["key"])
         s3io.download_file(client, files["bucket"], f["key"], path)
         paths.append(str(path))
     return {"source": "files", "format": files["format"], "paths": paths, "columns": files.get("columns"),

@@ -4,12 +4,13 @@ Two sides meet in a directory (:data:`STREAM_DIR`, relative: each harness proces
 
 * :class:`Prefetcher`, a thread in the worker's harness process, downloads the worker's files in an
   endless sequence of epochs (each epoch's file order shuffled with ``seed + epoch``) as ``<seq>.data``
-  (written to a temp name, then renamed), at most ``ahead`` files past the reader's position, and deletes
-  the files the reader has passed.  So at most ``ahead + 1`` data files are on disk, whatever the data set's
-  size, and nothing holds a file in memory.  When the worker's files hold at most ``keep_bytes`` (see
-  :func:`keep_budget`), each is downloaded once: its first download gets a second name in ``kept/``, and
-  each later epoch's ``<seq>.data`` is a new link to it (no S3 request; deleting a passed name leaves the
-  kept one).
+  (written to a temp name, then renamed; ``<seq>.data.source`` beside it names the object, so a reader's
+  error names it too: :func:`tfc_harness.formats.shown_name`), at most ``ahead`` files past the reader's
+  position, and deletes the files the reader has passed.  So at most ``ahead + 1`` data files are on disk,
+  whatever the data set's size, and nothing holds a file in memory.  When the worker's files hold at most
+  ``keep_bytes`` (see :func:`keep_budget`), each is downloaded once: its first download gets a second name in
+  ``kept/``, and each later epoch's ``<seq>.data`` is a new link to it (no S3 request; deleting a passed name
+  leaves the kept one).
 * :func:`file_names`, the dataset the reader pulls file names from.  It is traced on the chief and runs on
   each worker under ``ParameterServerStrategy`` (``create_per_worker_dataset``), where no Python runs: it
   is made of TensorFlow graph ops only.  It polls (a ``SleepDataset`` between ``tf.io.matching_files``
@@ -38,6 +39,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from . import s3io
+from .formats import SOURCE_SUFFIX
 from .status import log_line
 
 STREAM_DIR = "data/stream"
@@ -58,6 +60,18 @@ def data_path(directory: str | Path, seq: int) -> Path:
     return Path(directory) / f"{seq}{SUFFIX}"
 
 
+def write_source(path: Path, bucket: str, key: str) -> None:
+    """Name the object ``path`` is (or is about to be) a copy of, for a reader's errors."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{path}{SOURCE_SUFFIX}").write_text(f"s3://{bucket}/{key}\n")
+
+
+def remove(path: Path) -> None:
+    """A copy and the name of its object."""
+    path.unlink(missing_ok=True)
+    Path(f"{path}{SOURCE_SUFFIX}").unlink(missing_ok=True)
+
+
 def read_position(directory: str | Path) -> int | None:
     """The reader's position recorded in ``directory``, or None (not yet written, or caught mid-write)."""
     try:
@@ -72,7 +86,8 @@ def clear(directory: str | Path) -> None:
     earlier run."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in itertools.chain(folder.glob(f"*{SUFFIX}"), folder.glob(f".*{SUFFIX}.part")):
+    for stale in itertools.chain(folder.glob(f"*{SUFFIX}"), folder.glob(f"*{SUFFIX}{SOURCE_SUFFIX}"),
+                                 folder.glob(f".*{SUFFIX}.part")):
         stale.unlink(missing_ok=True)
     (folder / POSITION).unlink(missing_ok=True)
     shutil.rmtree(folder / KEPT, ignore_errors=True)
@@ -185,11 +200,12 @@ class Prefetcher:
     def _collect(self) -> None:
         self._position = max(self._position, read_position(self.directory) or 0)
         for passed in range(self._deleted_below, self._position):
-            data_path(self.directory, passed).unlink(missing_ok=True)
+            remove(data_path(self.directory, passed))
         self._deleted_below = max(self._deleted_below, self._position)
 
     def _download(self, f: dict, seq: int) -> None:
         kept = self.directory / KEPT / str(self._slots[f["key"]])
+        write_source(data_path(self.directory, seq), self.bucket, f["key"])
         if self.keeps and kept.exists() and self._link(kept, data_path(self.directory, seq)):
             with self._lock:
                 self._reused += 1
@@ -310,11 +326,12 @@ def _file_batches(s3_client, bucket: str, files: list[dict], read: Callable, fol
     path = folder / "test-file"   # not <seq>.data: a Prefetcher may share the directory
     batches = read(tf.data.Dataset.from_tensors(str(path))).batch(batch_size)   # traced once, re-run per file
     for f in files:
+        write_source(path, bucket, f["key"])
         s3io.download_file(s3_client, bucket, f["key"], path)
         try:
             yield from batches.as_numpy_iterator()
         finally:
-            path.unlink(missing_ok=True)
+            remove(path)
 
 
 def _rebatch(parts: Iterator, batch_size: int) -> Iterator:

@@ -19,7 +19,8 @@ A format has these parts, used in this order (the third is optional):
 * :meth:`Format.reader`: a function of a ``tf.data.Dataset`` of local file names returning unbatched
   ``(features, label)`` examples, built from TensorFlow graph ops only, so it can run on a remote worker
   (:mod:`tfc_harness.stream`). Files are read one after another, each to its end before the next name is
-  taken: the stream's reader position relies on that.
+  taken: the stream's reader position relies on that. An error naming a file names it by
+  :func:`shown_name`: the object it was downloaded from, not the local copy's path.
 
 Nothing here imports TensorFlow, boto3 or numpy at import time: the controller's configuration reads
 :func:`names` and :func:`describe`.
@@ -49,6 +50,9 @@ class Format(abc.ABC):
     parsing: str = ""
     #: what one of its records is called, for errors: "record", "row"
     record: str = "record"
+    #: texts that only its reader's errors about a file's content hold (a cell that is not a number): a task
+    #: failing with one would read the same file again when restarted, and fail the same way
+    content_errors: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def start(self, s3_client, bucket: str, key: str) -> object:
@@ -72,6 +76,30 @@ class Format(abc.ABC):
     def reader(self, *, decode: Callable | None, columns: list[str] | None, label: str | None) -> Callable:
         """A function ``filenames -> dataset of (features, label)`` (see the package's docstring); ValueError
         when the arguments do not suit the format."""
+
+
+#: beside a local copy of a file in object storage (``<path>.source``): the object's ``s3://bucket/key``,
+#: written by :mod:`tfc_harness.stream` before the copy appears, so a reader's error can name the object
+SOURCE_SUFFIX = ".source"
+
+
+def shown_name(path):
+    """What an error names for the local file ``path`` (a string tensor): the object in ``<path>.source`` when
+    that is there, else ``path``. Graph ops only; build it where the error is raised, not on every file."""
+    import tensorflow as tf
+
+    source = tf.strings.join([path, SOURCE_SUFFIX])
+    return tf.cond(tf.size(tf.io.matching_files(source)) > 0,
+                   lambda: tf.strings.strip(tf.io.read_file(source)), lambda: tf.identity(path))
+
+
+def bad_content(exc: BaseException) -> bool:
+    """Whether ``exc`` is a TensorFlow op error raised by a reader's check of a file's content (one of the
+    formats' :attr:`Format.content_errors`): the file is the same when the task starts again."""
+    if not type(exc).__module__.startswith("tensorflow"):
+        return False
+    text = str(exc)
+    return any(mark in text for fmt in _FORMATS.values() for mark in fmt.content_errors)
 
 
 def _discover() -> dict[str, Format]:

@@ -14,9 +14,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import NamedTuple
 
-from . import Format
+from . import Format, shown_name
 
 CHUNK = 512
+#: the ends of the reader's errors about a file (Csv.content_errors)
+HEADER_DIFFERS = " differs from the first file's: "
+NOT_NUMBERS = " (every CSV column must hold numbers)"
 HEADER_BYTES = 64 * 1024  # a CSV header line longer than this is refused
 # What TensorFlow's string-to-float conversion accepts (decimal, exponent, inf/nan, hex), blanks around.
 NUMBER = (r"\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|0[xX][0-9a-fA-F]+"
@@ -37,16 +40,17 @@ class Csv(Format):
     named_columns = True
     parsing = "CSV parsing"
     record = "row"
+    content_errors = (HEADER_DIFFERS, NOT_NUMBERS)
 
     def start(self, s3_client, bucket: str, key: str) -> CsvStart:
         return read_start(s3_client, bucket, key)
 
     def columns(self, bucket: str, keys: list[str], starts: list[CsvStart], label: str | None) -> list[str]:
         first = starts[0].columns
-        found = problems(first, label)
-        if found:
-            raise ValueError(f"s3://{bucket}/{keys[0]}: " + "; ".join(found))
         for key, other in zip(keys, starts, strict=True):
+            found = problems(other.columns, label)     # a file without the label: said so, not "differs"
+            if found:
+                raise ValueError(f"s3://{bucket}/{key}: " + "; ".join(found))
             if other.columns != first:
                 raise ValueError(f"s3://{bucket}/{key}: its header {other.columns} differs from {keys[0]}'s {first}")
         return first
@@ -143,8 +147,13 @@ def _check_header(path, columns: list[str]):
     names = tf.strings.regex_replace(tf.strings.strip(tf.strings.split(line, ",")), '^"|"$', "")
     expected = ",".join(columns)
     same = tf.equal(tf.strings.reduce_join(names, separator=","), expected)
-    message = tf.strings.join([path, ": header ", line, " differs from the first file's: ", expected])
-    return tf.debugging.Assert(same, [message])
+
+    def differs():
+        message = tf.strings.join([shown_name(path), ": header ", line, HEADER_DIFFERS, expected])
+        with tf.control_dependencies([tf.debugging.Assert(same, [message])]):
+            return tf.identity(same)
+
+    return tf.cond(same, lambda: tf.constant(True), differs)
 
 
 def _to_numbers(path, columns: list[str], label: str, lines, cells):
@@ -170,8 +179,8 @@ def _not_a_number(path, columns: list[str], lines, cells, ok, all_ok):
     cell = cells[row, col]
     what = tf.where(tf.equal(tf.strings.strip(cell), ""), " is empty",
                     tf.strings.join([" holds ", cell, ", not a number"]))
-    message = tf.strings.join([path, ": line ", tf.strings.as_string(lines[row]), ", column ",
+    message = tf.strings.join([shown_name(path), ": line ", tf.strings.as_string(lines[row]), ", column ",
                                tf.gather(tf.constant(columns), col), what,
-                               " (every CSV column must hold numbers)"])
+                               NOT_NUMBERS])
     with tf.control_dependencies([tf.debugging.Assert(all_ok, [message])]):
         return tf.identity(all_ok)
