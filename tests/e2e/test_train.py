@@ -250,8 +250,8 @@ def test_failed_training_fetches_logs_and_down_guard(home, artifacts, trained, t
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr
     # the chief's own error on the failure's first line
     assert ("training failed: the chief's task ended 'failed' (exit 6, restarts 0; not restarted: a restart would "
-            "fail the same way): ModelModuleError: model module "
-            "broken_model.py: make_optimizer() raised RuntimeError: injected model failure; logs in ") in res.stderr, \
+            "fail the same way): ModelModuleError: model module broken_model.py: "
+            "make_optimizer() raised RuntimeError at line 17: injected model failure; logs in ") in res.stderr, \
         res.stderr[-3000:]
     run = json.loads((home / CLUSTER / "run.json").read_text())
     assert run["state"] == "failed"

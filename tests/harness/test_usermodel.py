@@ -141,7 +141,7 @@ def test_an_import_error_names_the_module(tmp_path):
 
 @pytest.mark.parametrize("body, fragment", [
     ("def build_model():\n    raise RuntimeError('layer sizes wrong')\n",
-     "build_model() raised RuntimeError: layer sizes wrong"),
+     "build_model() raised RuntimeError at line 2: layer sizes wrong"),
     ("def build_model():\n    return 42\n", "build_model() returned int, not a Keras model"),
 ])
 def test_build_model_problems_are_named(tmp_path, body, fragment):
@@ -255,8 +255,8 @@ def test_every_hparam_must_be_read_by_build_model_with_one_of_the_values_at_leas
     with pytest.raises(usermodel.ModelModuleError, match=r"never reads training.hparams 'unit' with any trial's "
                        r"values \(it reads none of them; it looks up units, not set\)"):
         prepare.check_hparams_read(binary, [{"unit": 4}, {"unit": 8}])
-    with pytest.raises(usermodel.ModelModuleError, match=r"build_model\(\) raised ValueError: invalid literal for "
-                       r"int\(\) with base 10: 'a' \(training.hparams \{'arch': 'mlp', 'units': 'a'\}\)"):
+    with pytest.raises(usermodel.ModelModuleError, match=r"build_model\(\) raised ValueError at line 8: invalid "
+                       r"literal for int\(\) with base 10: 'a' \(training.hparams \{'arch': 'mlp', 'units': 'a'\}\)"):
         prepare.check_hparams_read(module, [mlp, {"arch": "mlp", "units": "a"}])
     prepare.check_hparams_read(module, [None])               # no hparams: nothing to check
 

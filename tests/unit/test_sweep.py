@@ -97,7 +97,7 @@ def test_a_swept_hparam_is_refused_when_no_trial_reads_it_and_each_trials_values
     path = write(tmp_path, "parameters:\n  hparams.arch: [mlp]\n  hparams.units: [4, x]\n  hparams.filters: [2]\n")
     with pytest.raises(Exception) as err:
         sweepfile.load(path, spec)
-    assert "build_model() raised ValueError: invalid literal for int() with base 10: 'x' (training.hparams " \
+    assert "build_model() raised ValueError at line 5: invalid literal for int() with base 10: 'x' (training.hparams " \
            "{'arch': 'mlp', 'units': 'x', 'filters': 2})" in str(err.value), str(err.value)
 
 

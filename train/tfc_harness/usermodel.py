@@ -73,7 +73,18 @@ def call(module: ModuleType, function: str, *args) -> Any:
     except ModelModuleError:
         raise
     except Exception as exc:
-        raise fail(module, function, f"raised {type(exc).__name__}: {exc}") from exc
+        raise fail(module, function, f"raised {type(exc).__name__}{_where(module, exc)}: {exc}") from exc
+
+
+def _where(module: ModuleType, exc: BaseException) -> str:
+    """`` at line N``: the module's line the error last passed through (where it was raised, or the call into
+    the library that raised it), or '' when the traceback holds none of the module's lines."""
+    path, line, frame = getattr(module, "__file__", None), None, exc.__traceback__
+    while frame is not None:
+        if path and frame.tb_frame.f_code.co_filename == path:
+            line = frame.tb_lineno
+        frame = frame.tb_next
+    return f" at line {line}" if line else ""
 
 
 def resolve_path(model_module: str, models_dir: Path = MODELS_DIR) -> Path:
@@ -586,7 +597,9 @@ def metric_objects(module: ModuleType, loss=None) -> list:
             try:
                 item = keras.metrics.get(item)
             except (ValueError, TypeError):
-                raise fail(module, "metrics", f"returned {item!r}, which is not a Keras metric name") from None
+                raise fail(module, "metrics", f"returned {item!r}, which is not a Keras metric name (e.g. 'mae', "
+                           "'mse', 'root_mean_squared_error', 'accuracy'); a keras.metrics object is the other "
+                           "choice") from None
         if not isinstance(item, keras.metrics.Metric):
             hint = (f"; wrap a function of (y_true, y_pred) as keras.metrics.MeanMetricWrapper("
                     f"{getattr(item, '__name__', 'fn')}, name=...)") if callable(item) else ""
