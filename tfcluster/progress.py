@@ -161,22 +161,27 @@ class ChiefWatch:
         """Seconds left at the steps' rate since the step seen first moved on: that first step (0, or where a
         resumed run starts) waits for the loop's first call, which traces the step function and is slow. Out of
         the training phase (a restarted chief starts again, from its checkpoint) the base is dropped: the rate
-        is taken afresh once the restarted loop's first call is over, not across the restart's pause."""
+        is taken afresh once the restarted loop's first call is over, not across the restart's pause. The rate is
+        timed by the chief's clock (its report's ``updated``), not by when its reports arrive: two of them can
+        arrive together (the first after the first call, then the next one), and their arrival times would make
+        the rate many times too high ("eta 0s")."""
         step, total = task.get("step", 0), task.get("total", 0)
         if task.get("phase") != "training":
             self.first_step = self.since = self.last_eta = None
             return None
         now = time.monotonic()
+        stamp = task.get("updated")
+        when = float(stamp) if isinstance(stamp, (int, float)) else now
         if self.first_step is None:
             self.first_step = step
         if self.since is None:
             if step > self.first_step:
-                self.since = (now, step)
+                self.since = (when, step)
             return None
         if self.last_eta and self.last_eta[1] == step:     # no new step reported yet: count down, not slow down
             left = self.last_eta[2] - (now - self.last_eta[0])
             return left if left > 0 else None       # overdue (a slow spell, a stall): no ETA rather than 0 s
-        rate = (step - self.since[1]) / max(now - self.since[0], 1e-6)
+        rate = (step - self.since[1]) / max(when - self.since[0], 1e-6)
         if rate <= 0:
             return None
         self.last_eta = (now, step, (total - step) / rate)

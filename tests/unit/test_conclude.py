@@ -569,6 +569,19 @@ def test_the_eta_waits_for_the_steps_after_the_first_call(monkeypatch):
     assert watch._eta(training_at | {"step": 7100}) is None      # overdue: no ETA, not "eta 0s"
 
 
+def test_the_eta_is_timed_by_the_chiefs_reports_not_by_when_they_arrive(monkeypatch):
+    """The first report past the first call and the next one can arrive together: the rate is timed by the chief's
+    own stamps (``updated``), so the ETA is not "eta 0s" when they do."""
+    watch = progress.ChiefWatch(None, NODES[0], 1.0)
+    clock = iter([0.0, 5.0, 5.01, 6.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    training_at = {"phase": "training", "total": 600}
+    assert watch._eta(training_at | {"step": 0, "updated": 1000.0}) is None
+    assert watch._eta(training_at | {"step": 10, "updated": 1004.0}) is None        # the first call's end: the base
+    assert watch._eta(training_at | {"step": 110, "updated": 1005.0}) == pytest.approx((600 - 110) / 100)
+    assert watch._eta(training_at | {"step": 110, "updated": 1005.0}) == pytest.approx((600 - 110) / 100 - 0.99)
+
+
 def test_a_second_ctrl_c_does_not_cut_the_stop_of_the_tasks_short():
     """After a Ctrl-C the tasks are stopped with SIGINT ignored (in the main thread; a sweep's trial threads
     leave it to the sweep), then the handler the command had is back."""
