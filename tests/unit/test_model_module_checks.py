@@ -37,7 +37,7 @@ CASES = [
      "def metrics():\n    return ['mean_absolut_error']\n", "",
      "model module job.py: metrics() returned 'mean_absolut_error', which is not a Keras metric name"),
     ("build_model raises", "def build_model():\n    raise ValueError('units must be > 0')\ndef make_dataset(): pass\n",
-     "", "model module job.py: build_model() raised ValueError: units must be > 0"),
+     "", "model module job.py: build_model() raised ValueError at line 2: units must be > 0"),
     ("hparams for a build_model without them", GOOD_MODEL + "def make_dataset(): pass\n",
      "training:\n  hparams: {units: 8}\n",
      "model module job.py: build_model() takes no parameter, but training.hparams is set"),
@@ -236,7 +236,7 @@ def test_validate_says_which_files_it_found(files_home, tmp_path, bucket):
     cfg = _files_config(tmp_path, f"s3://tfct-files/{prefix}/train-*.csv", f"s3://tfct-files/{prefix}/test-*.csv")
     res = run_cli("validate", "-c", str(cfg), home=files_home, timeout=180)
     assert res.returncode == 0, res.stderr
-    assert "data: 2 training and 1 test files in s3://tfct-files/" in res.stderr
+    assert "data: 2 training files and 1 test file in s3://tfct-files/" in res.stderr
 
 
 def test_a_store_that_fails_the_listing_is_one_error_line_not_a_traceback(monkeypatch, capsys):
@@ -351,7 +351,7 @@ def test_files_found_are_checked_with_the_module_in_one_process(monkeypatch):
     calls = []
     monkeypatch.setattr(job, "check", lambda spec: calls.append("check") or {"module": "job.py"})
     monkeypatch.setattr(job, "prepare", lambda spec: calls.append("run") or {"interface": {"module": "job.py"}})
-    assert job.check_with_data(object(), "2 training and 1 test files in s3://b/") == {"module": "job.py"}
+    assert job.check_with_data(object(), "2 training files and 1 test file in s3://b/") == {"module": "job.py"}
     assert calls == ["run"]
     assert job.check_with_data(object(), None) == {"module": "job.py"}      # no files: the module's check
     assert calls == ["run", "check"]
@@ -388,7 +388,7 @@ def test_preflight_checks_the_module_before_naming_the_listing_and_imports_tenso
     with pytest.raises(JobError, match="no such bucket"):       # a good module: the listing's own error
         cluster.preflight(spec)
     calls.clear()
-    found = "2 training and 1 test files in s3://b/"
+    found = "2 training files and 1 test file in s3://b/"
     monkeypatch.setattr(job, "check_files", lambda spec: calls.append("listing") or found)
     monkeypatch.setattr(job, "prepare", lambda spec: calls.append("run") or {"interface": {"module": "job.py"}})
     _, checked = cluster.preflight(spec)
