@@ -152,10 +152,10 @@ def check_files(spec: RunSpec) -> str | None:
         raise JobError(str(exc)) from None
     except (s3io.TransferError, s3io.CredentialsMissing) as exc:
         raise TfclusterError(f"object storage: {exc}") from None
-    return f"{_files(listing['train'], 'training')} and {_files(listing['test'], 'test')} in s3://{listing['bucket']}/"
+    return f"{files_text(listing['train'], 'training')} and {files_text(listing['test'], 'test')} in s3://{listing['bucket']}/"
 
 
-def _files(listed: list, kind: str) -> str:
+def files_text(listed: list, kind: str) -> str:
     """``1 test file``, ``2 training files``"""
     return f"{len(listed)} {kind} file{'' if len(listed) == 1 else 's'}"
 

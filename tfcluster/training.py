@@ -423,9 +423,8 @@ def _data_line(spec: RunSpec, prepared: dict) -> str:
                 f"{d['rows']['test']} test examples, sha256 {d['sha256'][:12]}, s3://{d['bucket']}/{d['prefix']}/ "
                 + ("uploaded" if prepared.get("uploaded") else "already there (same content)")
                 + ("; the model's check on it passed before" if prepared.get("probe") == "cached" else ""))
-    return (f"data: {len(d['train'])} training files ({_size(sum(f['size'] for f in d['train']))}) and "
-            f"{len(d['test'])} test files "
-            f"({d['format']}) in s3://{d['bucket']}/, spread over {_readers(spec)}")
+    return (f"data: {job.files_text(d['train'], 'training')} ({_size(sum(f['size'] for f in d['train']))}) and "
+            f"{job.files_text(d['test'], 'test')} ({d['format']}) in s3://{d['bucket']}/, spread over {_readers(spec)}")
 
 
 #: a stand-in instance metadata service speaking AWS's API (tests inject a spot notice through it)
