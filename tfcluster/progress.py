@@ -13,7 +13,9 @@ from .providers.base import Node
 
 def progress_line(task: dict, sup: dict, eta_s: float | None, data: str | None = None) -> str:
     if not task:
-        return f"  [{sup.get('state', 'starting')}] waiting for the chief's first report"
+        state = sup.get("state", "starting")
+        # its process running but silent yet is the run's start, as the chief's own first report says next
+        return f"  [{'starting' if state == 'running' else state}] waiting for the chief's first report"
     step, total = task.get("step", 0), task.get("total", 0) or 1
     phase = task.get("phase", sup.get("state", "?"))
     if phase == "starting":     # its step is not known yet (0, or where a resumed run goes on: after its restore)

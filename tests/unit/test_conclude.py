@@ -300,6 +300,14 @@ def test_a_starting_chief_shows_no_step_yet():
         "  [training] step 1300/3000 (43%), eta 4s"
 
 
+def test_before_the_chiefs_first_report_the_run_is_starting_whatever_its_process_does():
+    """Its supervisor's 'running' (the process runs, silent yet) reads as the run starting, as the chief's first
+    report says next: not [starting], [running], [starting]. A restart before that report is said."""
+    lines = [progress.progress_line({}, {"state": state}, None) for state in ("starting", "running", "restarting")]
+    assert lines == ["  [starting] waiting for the chief's first report"] * 2 + \
+        ["  [restarting] waiting for the chief's first report"]
+
+
 def _report(phase: str, step: int, sup: str = "running") -> dict:
     return {"supervisor": {"state": sup}, "task": {"phase": phase, "step": step, "total": 10}}
 
