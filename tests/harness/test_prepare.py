@@ -155,6 +155,16 @@ def test_good_csv_and_tfrecord_jobs(store, tmp_path, creds):
      f"data.train: s3://{BUCKET}/csv/nothing-*.csv matches no object in s3://{BUCKET}/"),
     (CSV_MODEL, "csv/good/train-*", "csv/good/nothing/", "csv", 2, prepare.DataError,
      f"data.test: s3://{BUCKET}/csv/good/nothing/ matches no object"),
+    # a mistyped folder: the deepest folder above it that holds something, and what
+    (CSV_MODEL, "csv/god/train-*", "csv/good/test-*", "csv", 2, prepare.DataError,
+     f"data.train: s3://{BUCKET}/csv/god/train-* matches no object in s3://{BUCKET}/ (s3://{BUCKET}/csv/ holds "
+     "csv/fields/, csv/good/, csv/nolabel/, csv/rows/, csv/sparse/, csv/text/)"),
+    (CSV_MODEL, "csv/good/train-*", "csv/good/tset-*", "csv", 2, prepare.DataError,
+     f"data.test: s3://{BUCKET}/csv/good/tset-* matches no object in s3://{BUCKET}/ (s3://{BUCKET}/csv/good/ holds "
+     "csv/good/test-0.csv, csv/good/train-0.csv, csv/good/train-1.csv, csv/good/train-2.csv)"),
+    (CSV_MODEL, "nowhere/train-*", "csv/good/test-*", "csv", 2, prepare.DataError,
+     f"data.train: s3://{BUCKET}/nowhere/train-* matches no object in s3://{BUCKET}/ (s3://{BUCKET}/ holds csv/, "
+     "other/, rec/)"),
     # a folder named without its '/': the hint says what it holds
     (CSV_MODEL, "csv/nolabel", "csv/good/test-*", "csv", 2, prepare.DataError,
      f"data.train: s3://{BUCKET}/csv/nolabel matches no object in s3://{BUCKET}/ (but s3://{BUCKET}/csv/nolabel/ "

@@ -410,8 +410,32 @@ def _listed(client, field: str, url: str) -> tuple[str, list[dict]]:
             raise
         raise DataError(f"{field}: {url}: {_BUCKET_REFUSALS[code].format(bucket=bucket)}") from None
     if not files:
-        raise DataError(f"{field}: {url} matches no object in s3://{bucket}/{_folder_hint(client, url)}")
+        hint = _folder_hint(client, url) or _nearest_folder_hint(client, url)
+        raise DataError(f"{field}: {url} matches no object in s3://{bucket}/{hint}")
     return bucket, files
+
+
+#: the most entries of a folder a hint names
+HINT_ENTRIES = 8
+
+
+def _nearest_folder_hint(client, url: str) -> str:
+    """A URL that names no object: the deepest folder above the URL's literal part that holds something, and what
+    (a mistyped folder, ``s3://b/set/rg/train/``: `` (s3://b/set/ holds set/reg/, set/reg2/)``)."""
+    from . import sources
+
+    bucket, prefix = sources.listed_prefix(url)
+    folders = prefix.split("/")[:-1]
+    for depth in range(len(folders), -1, -1):
+        folder = "".join(f"{name}/" for name in folders[:depth])
+        try:
+            names = sources.folder_entries(client, bucket, folder, HINT_ENTRIES + 1)
+        except s3io.TransferError:  # no hint, rather than another error in place of the one that matters
+            return ""
+        if names:
+            more = ", …" if len(names) > HINT_ENTRIES else ""
+            return f" (s3://{bucket}/{folder} holds {', '.join(names[:HINT_ENTRIES])}{more})"
+    return ""
 
 
 def _folder_hint(client, url: str) -> str:

@@ -85,6 +85,16 @@ def list_files(s3_client, url: str) -> list[dict]:
     return sorted(found, key=lambda f: f["key"])
 
 
+def folder_entries(s3_client, bucket: str, folder: str, limit: int = 100) -> list[str]:
+    """What ``s3://bucket/<folder>`` holds directly (``folder``: '' or ending in '/'), in key order: its
+    subfolders' prefixes (ending in '/') and its objects' keys, at most ``limit`` of them (one LIST request)."""
+    page = s3io.with_retries(lambda: s3_client.list_objects_v2(Bucket=bucket, Prefix=folder, Delimiter="/",
+                                                               MaxKeys=limit), f"list s3://{bucket}/{folder}")
+    names = [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+    names += [o["Key"] for o in page.get("Contents", []) if o["Key"] != folder]
+    return sorted(names)[:limit]
+
+
 def assign(files: list[dict], num_workers: int) -> list[list[dict]]:
     """Disjoint per-worker lists (each sorted by key): largest file first to the least-loaded worker.
 
