@@ -13,7 +13,7 @@ import urllib.error
 import pytest
 from harness_support import TRAIN_DIR, example_settings, free_port, node_env, render_entry
 from tfc_harness import data, peers, watchdogs
-from tfc_harness.errors import FINAL_EXIT_CODE, FinalError, HarnessError, ModelModuleError, is_final
+from tfc_harness.errors import FINAL_EXIT_CODE, FinalError, HarnessError, ModelModuleError, bad_labels, is_final
 
 
 def test_wait_for_peers_returns_when_all_listen():
@@ -112,6 +112,21 @@ def test_a_failure_a_restart_would_repeat_is_final_unless_the_user_s_code_read_a
     assert is_final(FinalError("s3://b/runs/1/_SUCCESS exists"))
     assert not is_final(HarnessError("peers not reachable after 120s: ps/0"))
     assert not is_final(RuntimeError("InvalidArgumentError"))
+
+
+class InvalidArgument(Exception):
+    """Stands in for TensorFlow's InvalidArgumentError, judged by the module it comes from."""
+
+
+InvalidArgument.__module__ = "tensorflow.python.framework.errors_impl"
+
+
+def test_a_label_outside_the_classes_fails_a_restarted_task_the_same_way():
+    """Its message lists the batch's labels, which differ between tries: judged by its words instead."""
+    assert bad_labels(InvalidArgument("Received a label value of 4 which is outside the valid range of [0, 4).  "
+                                      "Label values: 4 2 4 2 1 3"))
+    assert not bad_labels(InvalidArgument("Incompatible shapes: [32] vs. [16]"))
+    assert not bad_labels(ValueError("Received a label value of 4"))      # not TensorFlow's
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow")

@@ -139,7 +139,7 @@ def test_list_files_leaves_out_empty_markers(s3_client, bucket):
 def test_assign_refuses_a_worker_without_data():
     with pytest.raises(ValueError, match="3 files for 4 workers: worker 3 would have no data"):
         sources.assign(_files([1, 2, 3]), 4)
-    with pytest.raises(ValueError, match="0 files for 1 workers"):
+    with pytest.raises(ValueError, match="0 files for 1 worker:"):
         sources.assign([], 1)
     with pytest.raises(ValueError, match="at least one worker"):
         sources.assign(_files([1]), 0)

@@ -188,7 +188,7 @@ def test_data_files_the_local_store_lacks_are_refused_before_anything_exists(fil
                            "or data not uploaded yet)"),
         "a glob that matches nothing": (f"s3://tfct-files/{prefix}/trian-*.csv", f"data.train: s3://tfct-files/"
                                         f"{prefix}/trian-*.csv matches no object in s3://tfct-files/"),
-        "fewer files than workers": (f"s3://tfct-files/{prefix}/train-*.csv", "data.train: 1 files for 2 workers: "
+        "fewer files than workers": (f"s3://tfct-files/{prefix}/train-*.csv", "data.train: 1 file for 2 workers: "
                                      "worker 1 would have no data"),
         "no label column": (f"s3://tfct-files/{prefix}/nolabel-*.csv", f"s3://tfct-files/{prefix}/nolabel-0.csv: "
                             "label column 'y' (data.label) is not in the header (a, b, c, d, price)"),

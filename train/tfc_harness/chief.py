@@ -36,7 +36,7 @@ from types import ModuleType
 
 from . import evaluate as evaluation
 from . import formats, inputs, loop, preemption, publish, s3io, unpublished, usermodel, watchdogs
-from .errors import FINAL_EXIT_CODE, FinalError, described, is_final
+from .errors import FINAL_EXIT_CODE, FinalError, bad_labels, described, is_final
 from .peers import PeerMonitor
 from .saver import Saver
 from .settings import Settings
@@ -71,11 +71,19 @@ class Job:
     data_format: str | None = None    # the data files' format (None: the module's arrays)
 
 
+def _repeats(exc: BaseException) -> bool:
+    """Whether a restarted task would fail the same way: a final error (:func:`tfc_harness.errors.is_final`), or
+    the data's own: a file a reader refused (:func:`tfc_harness.formats.bad_content`), a label outside the
+    model's classes (:func:`tfc_harness.errors.bad_labels`; its message lists the batch's labels, so two tries'
+    errors differ, and the supervisor's rule for the same error twice would not stop the restarts)."""
+    return is_final(exc) or formats.bad_content(exc) or bad_labels(exc)
+
+
 def run(settings: Settings, strategy: Strategy) -> int:
     """Train; the chief then evaluates and publishes.  Returns 0 only after training (and, on the chief,
     ``_SUCCESS``) was written, :data:`tfc_harness.preemption.PREEMPTED_EXIT_CODE` after saving the step reached
-    on a preemption notice, :data:`tfc_harness.errors.FINAL_EXIT_CODE` on a failure a restart would repeat (also a
-    data file a reader refused: :func:`tfc_harness.formats.bad_content`), 1 on another failure."""
+    on a preemption notice, :data:`tfc_harness.errors.FINAL_EXIT_CODE` on a failure a restart would repeat
+    (:func:`_repeats`), 1 on another failure."""
     state = ChiefState(settings.state_dir, settings.steps, role=settings.role, run_id=settings.run_id)
     watchdog = watchdogs.start_runtime_watchdog(state, settings.max_runtime_s, settings.steps)
     started = time.monotonic()
@@ -93,7 +101,7 @@ def run(settings: Settings, strategy: Strategy) -> int:
         who = "chief" if settings.role == "chief" else f"{settings.role} {settings.index}"   # (every mirrored task)
         print(f"ERROR: {who} failed in phase {phase!r}: {msg}", file=sys.stderr, flush=True)
         summaries.upload(tries=FAILURE_UPLOAD_TRIES)   # best effort, after the error is out
-        return FINAL_EXIT_CODE if is_final(exc) or formats.bad_content(exc) else 1
+        return FINAL_EXIT_CODE if _repeats(exc) else 1
     finally:
         watchdog.cancel()
 

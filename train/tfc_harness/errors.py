@@ -46,6 +46,16 @@ def is_final(exc: BaseException) -> bool:
     return True
 
 
+#: TensorFlow's words for a label that is none of the model's classes (its sparse categorical losses and metrics)
+_LABEL_OUTSIDE_THE_CLASSES = "Received a label value of "
+
+
+def bad_labels(exc: BaseException) -> bool:
+    """Whether ``exc`` is TensorFlow's error for a label outside the model's classes (``Received a label value
+    of 4 which is outside the valid range of [0, 4)``): the data hold it, so a restarted task meets it again."""
+    return type(exc).__module__.startswith("tensorflow") and _LABEL_OUTSIDE_THE_CLASSES in str(exc)
+
+
 class ModelModuleError(FinalError):
     """The user's model module cannot be found, lacks part of the interface, or one of its functions failed
     or returned something unusable.  The message names the module's file and the function, e.g.

@@ -104,8 +104,9 @@ def assign(files: list[dict], num_workers: int) -> list[list[dict]]:
     if num_workers < 1:
         raise ValueError(f"need at least one worker, not {num_workers}")
     if len(files) < num_workers:
-        raise ValueError(f"{len(files)} files for {num_workers} workers: worker {len(files)} would have no "
-                         "data (every worker needs at least one file; use fewer workers or more, smaller files)")
+        raise ValueError(f"{_count(len(files), 'file')} for {_count(num_workers, 'worker')}: worker {len(files)} "
+                         "would have no data (every worker needs at least one file; use fewer workers or more, "
+                         "smaller files)")
     shares: list[list[dict]] = [[] for _ in range(num_workers)]
     loads = [(0, 0, index) for index in range(num_workers)]
     for f in sorted(files, key=lambda f: (-f["size"], f["key"])):
@@ -117,6 +118,10 @@ def assign(files: list[dict], num_workers: int) -> list[list[dict]]:
         keys = ", ".join(f["key"] for f in shares[empty[0]])
         raise ValueError(f"worker {empty[0]} would get only empty files ({keys})")
     return [sorted(share, key=lambda f: f["key"]) for share in shares]
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 def first_bytes(s3_client, bucket: str, key: str, count: int) -> bytes:
