@@ -14,7 +14,7 @@ import os
 import sys
 
 from . import cluster, config, store
-from .errors import EXIT_USAGE, Busy, ConfigError, GuardError, TfclusterError
+from .errors import EXIT_USAGE, Busy, ConfigError, DataNotReady, GuardError, JobError, TfclusterError
 from .paths import ClusterState
 
 
@@ -70,7 +70,9 @@ def cmd_validate(args) -> int:
     try:        # the configuration is valid without its data, which may be uploaded after it: `up` refuses
         found = job.check_files(spec)
     except TfclusterError as exc:
-        checked = job.check(spec)
+        checked = job.check(spec)       # the module's own error first, as `up` gives it
+        if isinstance(exc, JobError) and not isinstance(exc, DataNotReady):
+            raise                       # files that are there but do not fit (format, header, count): as `up`
         found = f"not ready ('up' refuses until it is): {exc}"
     else:       # the files are there: a decode or model that does not fit them is the module's error
         checked = job.check_with_data(spec, found)

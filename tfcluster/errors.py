@@ -49,6 +49,11 @@ class JobError(TfclusterError):
     exit_code = EXIT_USAGE
 
 
+class DataNotReady(JobError):
+    """The files the cluster file names are not in the object store yet (no such bucket, nothing matches, the
+    local store not running): ``up`` refuses, ``validate`` reports it and passes (they may be uploaded after it)."""
+
+
 class ClusterMismatch(TfclusterError):
     """The configuration asks for another cluster than the one that is up (its provider, strategy or node
     counts): nothing was changed; the message says what differs."""

@@ -31,7 +31,7 @@ from tfc_harness import strategies
 
 from . import store, wheelhouse
 from .config import ROLES, RunSpec
-from .errors import JobError, TfclusterError
+from .errors import DataNotReady, JobError, TfclusterError
 from .paths import TRAIN_DIR, cache_root
 
 CHECK_TIMEOUT_S = 300
@@ -139,7 +139,7 @@ def check_files(spec: RunSpec) -> str | None:
     if not spec.data.train or not store.is_local_store(spec):
         return None
     if not store.is_running():
-        raise JobError(f"data.train: {spec.data.train}: the local object store is not running, so it holds no "
+        raise DataNotReady(f"data.train: {spec.data.train}: the local object store is not running, so it holds no "
                        "files (its objects live in memory): 'tfcluster store start', then upload them (see "
                        "README, \"Your own model\")")
     from tfc_harness import prepare as harness_prepare  # numpy and boto3: ~0.2 s, only where files are named
@@ -148,6 +148,8 @@ def check_files(spec: RunSpec) -> str | None:
     try:
         with contextlib.redirect_stdout(sys.stderr):    # the retries' lines: validate's stdout is its JSON
             listing = harness_prepare.check_listing(store.client(spec), job_args(spec))
+    except harness_prepare.DataMissing as exc:
+        raise DataNotReady(str(exc)) from None
     except harness_prepare.DataError as exc:
         raise JobError(str(exc)) from None
     except (s3io.TransferError, s3io.CredentialsMissing) as exc:

@@ -54,6 +54,10 @@ class DataError(HarnessError):
     """The data the cluster file names cannot be used; the message names the file or field."""
 
 
+class DataMissing(DataError):
+    """Nothing the cluster file's data URL names is in the store yet: no such bucket, no object matching."""
+
+
 def check(job: dict, module: ModuleType | None = None, every_hparam_read: bool = True) -> dict:
     """The module's interface (``module``: the module already imported from ``job["module"]``), without
     reading any data. ``every_hparam_read``: :func:`check_hparams_read` (not in a sweep's trial: the sweep
@@ -408,10 +412,11 @@ def _listed(client, field: str, url: str) -> tuple[str, list[dict]]:
         code = getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code")
         if code not in _BUCKET_REFUSALS:
             raise
-        raise DataError(f"{field}: {url}: {_BUCKET_REFUSALS[code].format(bucket=bucket)}") from None
+        refused = DataMissing if code == "NoSuchBucket" else DataError
+        raise refused(f"{field}: {url}: {_BUCKET_REFUSALS[code].format(bucket=bucket)}") from None
     if not files:
         hint = _folder_hint(client, url) or _nearest_folder_hint(client, url)
-        raise DataError(f"{field}: {url} matches no object in s3://{bucket}/{hint}")
+        raise DataMissing(f"{field}: {url} matches no object in s3://{bucket}/{hint}")
     return bucket, files
 
 
