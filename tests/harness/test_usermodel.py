@@ -354,6 +354,10 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
      "    return keras.Model(x, [keras.layers.Dense(3)(x), keras.layers.Dense(1)(x)])\n",
      np.array([0, 2]), "build_model() returned a model with several outputs (list of 2); tfcluster trains a model "
                        "with one output tensor"),
+    # class ids from 1 (or a model of too few units): the label and the classes, not TensorFlow's op names
+    (MULTICLASS, np.array([1, 3]), "the loss fails on labels of shape (2,) and model outputs of shape (2, 3): the data "
+                                   "hold the label 3, outside the model's 3 classes (class ids 0 to 2): number the "
+                                   "classes from 0, or give the model's last layer one unit per class"),
     # labels decoded as strings
     (MULTICLASS, np.array([b"0", b"1"]), "the labels are text (b'0', ...), not numbers (the loss and the metrics "
                                          "need numeric labels"),

@@ -47,13 +47,21 @@ def is_final(exc: BaseException) -> bool:
 
 
 #: TensorFlow's words for a label that is none of the model's classes (its sparse categorical losses and metrics)
-_LABEL_OUTSIDE_THE_CLASSES = "Received a label value of "
+_LABEL_OUTSIDE_THE_CLASSES = re.compile(r"Received a label value of (-?\d+) which is outside the valid range of "
+                                        r"\[0, (\d+)\)")
+
+
+def label_outside_the_classes(exc: BaseException) -> tuple[int, int] | None:
+    """``(label, classes)`` when ``exc`` is TensorFlow's error for a label outside the model's classes
+    (``Received a label value of 4 which is outside the valid range of [0, 4)``), else None."""
+    found = _LABEL_OUTSIDE_THE_CLASSES.search(str(exc)) if type(exc).__module__.startswith("tensorflow") else None
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 def bad_labels(exc: BaseException) -> bool:
-    """Whether ``exc`` is TensorFlow's error for a label outside the model's classes (``Received a label value
-    of 4 which is outside the valid range of [0, 4)``): the data hold it, so a restarted task meets it again."""
-    return type(exc).__module__.startswith("tensorflow") and _LABEL_OUTSIDE_THE_CLASSES in str(exc)
+    """Whether ``exc`` is TensorFlow's error for a label outside the model's classes: the data hold it, so a
+    restarted task meets it again."""
+    return label_outside_the_classes(exc) is not None
 
 
 class ModelModuleError(FinalError):

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import ModelModuleError, message_lines
+from .errors import ModelModuleError, label_outside_the_classes, message_lines
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -665,8 +665,16 @@ def check_batch(module: ModuleType, model, x, y, loss=None, data_format: str | N
     try:
         values = np.asarray(loss(y, out))
     except Exception as exc:
+        hint = _loss_hint(module, loss, out.shape)
+        outside = None if hint else label_outside_the_classes(exc)
+        if outside:     # (TensorFlow's words name its op and list the batch's labels)
+            value, classes = outside
+            raise ModelModuleError(f"model module {label(module)}: the loss fails on {shapes}: the data hold the "
+                                   f"label {value}, outside the model's {classes} classes (class ids 0 to "
+                                   f"{classes - 1}): number the classes from 0, or give the model's last layer one "
+                                   "unit per class") from exc
         raise ModelModuleError(f"model module {label(module)}: the loss fails on {shapes}: "
-                               f"{type(exc).__name__}: {reason(exc)}{_loss_hint(module, loss, out.shape)}") from exc
+                               f"{type(exc).__name__}: {reason(exc)}{hint}") from exc
     n = len(x)
     if values.ndim >= 2 and values.shape[:2] == (n, n) and n > 1:
         raise ModelModuleError(f"model module {label(module)}: the loss broadcasts {shapes} to "
