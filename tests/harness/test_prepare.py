@@ -195,6 +195,9 @@ def test_good_csv_and_tfrecord_jobs(store, tmp_path, creds):
     # a file past the first training file: its first record, read as the workers will, names it
     (TFRECORD_MODEL, "rec/schema/train-*", "rec/good/test-*", "tfrecord", 2, prepare.DataError,
      "s3://prep/rec/schema/train-1.tfrecord: reading its first record with decode() failed: InvalidArgumentError: "),
+    # ... and what that record holds, to hold decode()'s feature spec against
+    (TFRECORD_MODEL, "rec/schema/train-*", "rec/good/test-*", "tfrecord", 2, prepare.DataError,
+     "(its first record is a tf.train.Example of x (float, 2000 values), y (int64, 1 value))"),
     (TFRECORD_MODEL, "rec/cut/train-*", "rec/good/test-*", "tfrecord", 2, prepare.DataError,
      "s3://prep/rec/cut/train-1.tfrecord: reading its first record with decode() failed: DataLossError: "),
     (TFRECORD_MODEL.replace("tf.io.FixedLenFeature([3], tf.float32)", "tf.io.VarLenFeature(tf.float32)")

@@ -567,8 +567,7 @@ def _probe_files(client, bucket: str, settings_data: dict, module: ModuleType, f
             raise ModelModuleError(f"model module {usermodel.label(module)}: decode() returns the wrong "
                                    f"structure: {cause(str(exc))}") from None
         except Exception as exc:
-            parsing = formats.get(settings_data["format"]).parsing
-            raise _read_error(where, path, "first records", parsing, exc) from None
+            raise _read_error(where, path, "first records", formats.get(settings_data["format"]), exc) from None
     if batch is None:
         raise DataError(f"{where} holds no examples")
     return batch[0].numpy(), batch[1].numpy()
@@ -624,18 +623,21 @@ def _first_examples(read, records: list[tuple[dict, bytes]], bucket: str, fmt: f
             except StopIteration:
                 raise DataError(f"{where}: its first {fmt.record} gives no example") from None
             except Exception as exc:
-                raise _read_error(where, path, f"first {fmt.record}", fmt.parsing, exc) from None
+                raise _read_error(where, path, f"first {fmt.record}", fmt, exc) from None
             yield f, tuple(tuple(part.shape) for part in example)
 
 
-def _read_error(where: str, path, what: str, parsing: str, exc: Exception) -> DataError:
+def _read_error(where: str, path, what: str, fmt, exc: Exception) -> DataError:
     """The DataError naming ``where`` (an S3 file) for ``exc``, raised reading ``what`` of its local copy
-    ``path`` with ``parsing``: the CSV reader's own message about a cell as it is, with ``where`` for the path."""
+    ``path`` with ``fmt``'s reader: the CSV reader's own message about a cell as it is, with ``where`` for the
+    path; another with what the file's first record holds, where the format says (a TFRecord's features)."""
     line = cause(str(exc))
     own = _ASSERTED.search(line)
     if own and own.group(1).startswith(f"{path}: "):
         return DataError(where + own.group(1).removeprefix(str(path)))
-    return DataError(f"{where}: reading its {what} with {parsing} failed: {type(exc).__name__}: {line}")
+    summary = fmt.first_record_summary(path)
+    return DataError(f"{where}: reading its {what} with {fmt.parsing} failed: {type(exc).__name__}: {line}"
+                     + (f" ({summary})" if summary else ""))
 
 
 #: a failed ``tf.debugging.Assert``'s message in TensorFlow's error

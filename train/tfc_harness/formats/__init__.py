@@ -72,6 +72,11 @@ class Format(abc.ABC):
         first read on the nodes)."""
         return None
 
+    def first_record_summary(self, path) -> str | None:
+        """What the first record of the local file ``path`` holds, for an error in reading it that the user's
+        code made (``decode``'s schema), e.g. its features' names, types and sizes; None: nothing to say."""
+        return None
+
     @abc.abstractmethod
     def reader(self, *, decode: Callable | None, columns: list[str] | None, label: str | None) -> Callable:
         """A function ``filenames -> dataset of (features, label)`` (see the package's docstring); ValueError

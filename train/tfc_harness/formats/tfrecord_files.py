@@ -45,6 +45,23 @@ class TfRecord(Format):
             return first_bytes(s3_client, bucket, key, framed)
         return start
 
+    def first_record_summary(self, path) -> str | None:
+        """``its first record is a tf.train.Example of cls (int64, 1 value), feat (float, 8 values)`` where it is
+        one (a decode() whose feature spec names another feature, type or size fails on it); else None."""
+        import tensorflow as tf
+
+        try:
+            record = next(iter(tf.data.TFRecordDataset(str(path)).take(1))).numpy()
+            features = tf.train.Example.FromString(record).features.feature
+        except Exception:  # noqa: BLE001 - no summary rather than another error in place of the one that matters
+            return None
+        parts = []
+        for name, feature in sorted(features.items()):
+            kind = feature.WhichOneof("kind")
+            count = len(getattr(feature, kind).value) if kind else 0
+            parts.append(f"{name} ({(kind or 'no').removesuffix('_list')}, {count} value{'' if count == 1 else 's'})")
+        return f"its first record is a tf.train.Example of {', '.join(parts)}" if parts else None
+
     def reader(self, *, decode: Callable | None, columns: list[str] | None, label: str | None) -> Callable:
         if columns is not None or label is not None:
             raise ValueError("tfrecord data: columns and label are for csv data (decode gives the label)")
