@@ -139,9 +139,9 @@ def check_files(spec: RunSpec) -> str | None:
     if not spec.data.train or not store.is_local_store(spec):
         return None
     if not store.is_running():
-        raise DataNotReady(f"data.train: {spec.data.train}: the local object store is not running, so it holds no "
-                       "files (its objects live in memory): 'tfcluster store start', then upload them (see "
-                       "README, \"Your own model\")")
+        raise DataNotReady(f"data.train: {spec.data.train}: the local object store is not running, so it holds "
+                           "no files (its objects live in memory): 'tfcluster store start', then upload them (see "
+                           "README, \"Your own model\")")
     from tfc_harness import prepare as harness_prepare  # numpy and boto3: ~0.2 s, only where files are named
     from tfc_harness import s3io
 
