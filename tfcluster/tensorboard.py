@@ -11,6 +11,8 @@ up: the runs are read from S3.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
 import signal
@@ -106,14 +108,15 @@ def link_view(source: Path, runs: list[str], view: Path) -> Path:
 def serve(logdir: Path, port: int, announce: Callable[[str], None]) -> None:
     """Serve TensorBoard over ``logdir`` on 127.0.0.1:``port`` (0: a free one) in this process; call
     ``announce(url)`` once it listens; return after Ctrl-C (or SIGTERM)."""
-    from tensorboard import program
+    with _stderr_held_back():       # TensorFlow's C++ start lines (oneDNN, CPU features), which no level stops
+        from tensorboard import program
 
-    board = program.TensorBoard()
-    board.configure(logdir=str(logdir), host=HOST, port=port, load_fast="false", reload_interval=5)
-    try:
-        url = board.launch()
-    except program.TensorBoardServerException as exc:
-        raise TfclusterError(f"TensorBoard could not listen on {HOST}:{port}: {exc.msg}") from None
+        board = program.TensorBoard()
+        board.configure(logdir=str(logdir), host=HOST, port=port, load_fast="false", reload_interval=5)
+        try:
+            url = board.launch()
+        except program.TensorBoardServerException as exc:
+            raise TfclusterError(f"TensorBoard could not listen on {HOST}:{port}: {exc.msg}") from None
     announce(url)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -123,6 +126,28 @@ def serve(logdir: Path, port: int, announce: Callable[[str], None]) -> None:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _stderr_held_back():
+    """File descriptor 2 into a temporary file while the block runs; what was written there is shown after all
+    when the block fails (its error may need it)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def _interrupt(signum, frame) -> None:
