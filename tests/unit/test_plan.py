@@ -7,13 +7,14 @@ in a temporary directory; the aws plan is in tests/cloud/test_aws.py, the IM pla
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import PYTHON, REPO, run_cli
 from tests.unit.test_bad_input import CASES, run_case
 from tests.unit.test_config import _cluster_traces
 from tfcluster import baked, localnode, terraform
@@ -91,6 +92,26 @@ def test_plan_bad_input_exits_2_as_up_does_and_creates_nothing(home, tmp_path, p
     assert "\nnodes:\n" not in res.stdout
     assert list(home.iterdir()) == []
     assert_nothing_created(home, "tfct-bad", plan_tmp)
+
+
+def test_an_aws_plan_without_credentials_shows_the_module_instead_of_failing(home, tmp_path, plan_tmp):
+    """Terraform's plan of terraform/aws reads the account; where the standard chain finds no credentials (as on a
+    machine without an account), plan says so and shows every other section, the module's inputs and resources:
+    exit 0, nothing created, Terraform not run. (No request leaves the machine: the instance metadata lookup is
+    off, the shared files are missing.)"""
+    cfg = tmp_path / "aws.yml"
+    cfg.write_text("cluster: tfct-plan-aws\nprovider: aws\nnetwork: {allowed_ssh_cidrs: [203.0.113.0/24]}\n"
+                   "storage: {bucket: tfct-plan-bucket}\nprovider_options: {region: eu-west-1}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {
+        "AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
+        "AWS_CONFIG_FILE": str(tmp_path / "no-config"), "TFCLUSTER_HOME": str(home), "TMPDIR": str(plan_tmp)}
+    res = subprocess.run([PYTHON, "-m", "tfcluster", "plan", "-c", str(cfg)], capture_output=True, text=True,
+                         env=env, timeout=240, cwd=REPO)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sections_in_order(res.stdout) == list(SECTIONS)
+    assert "terraform plan: not run: it needs AWS credentials, and the standard chain finds none here" in res.stdout
+    assert "aws_security_group.cluster" in res.stdout and 'provider_options = {"region": "eu-west-1"}' in res.stdout
+    assert_nothing_created(home, "tfct-plan-aws", plan_tmp)
 
 
 def test_time_limits_local_never_halts_clouds_halt_at_boot_and_after_the_deadline(tmp_path):

@@ -146,6 +146,14 @@ class AwsProvider(TerraformProvider):
                 "configure runs the image roles on every node")
             return {}
 
+    def plan_blocker(self, spec: RunSpec) -> str:
+        """AWS credentials, where the standard chain finds none: Terraform's plan reads the account (the AMI, the
+        caller), so without them it fails; plan shows the module's inputs and resources instead."""
+        if aws_credentials_found():
+            return ""
+        return ("it needs AWS credentials, and the standard chain finds none here (the environment, the shared "
+                "config and credentials files, an instance role); 'make up' needs them too")
+
     def inputs(self, spec: RunSpec, public_key: str) -> dict:
         inputs = super().inputs(spec, public_key)
         if self.baked:
@@ -180,6 +188,18 @@ class AwsProvider(TerraformProvider):
             return found
         return found + cloud_leftovers(inputs.get("cluster_name", self.state.cluster),
                                        inputs.get("provider_options") or {})
+
+
+def aws_credentials_found() -> bool:
+    """Whether the AWS standard chain (what Terraform's provider reads too) finds credentials; a profile it cannot
+    read counts as found, so that Terraform says what is wrong with it."""
+    import botocore.session
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        return botocore.session.get_session().get_credentials() is not None
+    except BotoCoreError:
+        return True
 
 
 def cloud_leftovers(cluster: str, opts: dict[str, str]) -> list[str]:

@@ -306,6 +306,13 @@ class TerraformProvider(Provider):
     #: what a Terraform plan of this module needs that ``plan`` does not have ('' = it plans here)
     plan_needs: ClassVar[str] = ""
 
+    def plan_blocker(self, spec: RunSpec) -> str:
+        """Why a Terraform plan of this module cannot run here now ('' = it plans): by default what
+        :attr:`plan_needs` names."""
+        if not self.plan_needs:
+            return ""
+        return f"it needs {self.plan_needs}, which plan does not use ('make up' plans and applies with them)"
+
     def check(self, spec: RunSpec) -> None:
         super().check(spec)
         cidrs = spec.network.allowed_ssh_cidrs
@@ -369,8 +376,9 @@ class TerraformProvider(Provider):
         the cluster's state when it is up); where the module cannot be planned here, its inputs and resources."""
         tf = TerraformModule(TERRAFORM_DIR / self.name, scratch.terraform_dir)
         tf.write_root(self.inputs(spec, scratch.ssh_key.with_suffix(".pub").read_text().strip()))
-        if self.plan_needs:
-            return ProviderPlan(self.plan_nodes(spec), self._unplanned(tf))
+        why = self.plan_blocker(spec)
+        if why:
+            return ProviderPlan(self.plan_nodes(spec), self._unplanned(tf, why))
         return self._planned(spec, tf)
 
     def _planned(self, spec: RunSpec, tf: TerraformModule) -> ProviderPlan:
@@ -402,11 +410,10 @@ class TerraformProvider(Provider):
         shown = [f"{k} {after[k]}" for k in _SHOWN_KEYS if after.get(k) not in (None, "", [], {})]
         return f": {', '.join(shown)}" if shown else ""
 
-    def _unplanned(self, tf: TerraformModule) -> list[str]:
-        """Where no plan can run: the module's inputs and resources, and why there is no plan."""
+    def _unplanned(self, tf: TerraformModule, why: str) -> list[str]:
+        """Where no plan can run: the module's inputs and resources, and ``why`` there is no plan."""
         root = json.loads((tf.work_dir / "main.tf.json").read_text())["module"]["cluster"]
-        lines = [f"terraform plan: not run: it needs {self.plan_needs}, which plan does not use ('make up' plans "
-                 "and applies with them)", f"terraform/{self.name}/ with the inputs up would give it:"]
+        lines = [f"terraform plan: not run: {why}", f"terraform/{self.name}/ with the inputs up would give it:"]
         shown = {k: json.dumps(v) for k, v in root.items() if k != "source"} | {"ssh_public_key": "(the run's key)"}
         lines += [f"  {key} = {value}" for key, value in shown.items()]
         lines.append(f"  (instance_types: {tf.variable_description('instance_types')})")
