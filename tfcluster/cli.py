@@ -110,7 +110,7 @@ def _up_step(loaded):
         return cluster.up_alone
     from . import sweep
 
-    return lambda spec: sweep.ensure_groups(spec, loaded.parallel)
+    return lambda spec: sweep.bring_up(spec, loaded)
 
 
 def _train_step(args, loaded):

@@ -332,6 +332,14 @@ def publish(spec: RunSpec, sweep: Sweep, record: Record) -> str:
     return f"s3://{spec.storage.bucket}/{prefix}/"
 
 
+def _tabulate(sweep: Sweep, record: Record) -> None:
+    """The best trial recorded, and the table printed."""
+    trials = record.trials()
+    record.data["best"] = best(sweep, trials)
+    record.save()
+    print(table(sweep, trials), flush=True)
+
+
 def run(spec: RunSpec, sweep: Sweep) -> int:
     """Run (or resume) the sweep (as :func:`load` read it) on the cluster's groups, bringing up those not up;
     print the table. One sweep of a cluster at a time: a second is refused (Busy)."""
@@ -343,24 +351,39 @@ def run(spec: RunSpec, sweep: Sweep) -> int:
         return _run(spec, sweep)
 
 
+def bring_up(spec: RunSpec, sweep: Sweep) -> list[RunSpec]:
+    """The groups the sweep runs on (:func:`ensure_groups`), unless every one of its trials is verified already:
+    then none is brought up (no trial would run on it) and [] is returned."""
+    if all_verified(Record(spec, sweep)):
+        say(f"sweep {sweep.name}: every one of its {len(sweep.trials)} trials is verified already: no group of "
+            f"nodes is brought up for it")
+        return []
+    return ensure_groups(spec, sweep.parallel)
+
+
+def all_verified(record: Record) -> bool:
+    return all(t.get("state") == "verified" for t in record.trials())
+
+
 def _run(spec: RunSpec, sweep: Sweep) -> int:
     record = Record(spec, sweep)
     done = [t for t in record.trials() if t.get("state") == "verified"]
     say(f"sweep {sweep.name}: {len(sweep.trials)} trials ({sweep.method}), {sweep.parallel} at once, {sweep.goal}"
         + (f"; {len(done)} already verified, skipped" if done else ""))
-    specs = ensure_groups(spec, sweep.parallel)
-    record.save()
-    scheduler = Scheduler(spec, sweep, record, specs)
-    usable = scheduler.plan()
-    if not usable and not scheduler.queue.empty():
-        raise TfclusterError(f"no group of cluster {spec.cluster} can take a trial (see above)")
-    try:
-        scheduler.run(usable)
-    finally:
-        trials = record.trials()
-        record.data["best"] = best(sweep, trials)
+    if all_verified(record):
+        _tabulate(sweep, record)
+    else:
+        specs = ensure_groups(spec, sweep.parallel)
         record.save()
-        print(table(sweep, trials), flush=True)
+        scheduler = Scheduler(spec, sweep, record, specs)
+        usable = scheduler.plan()
+        if not usable and not scheduler.queue.empty():
+            raise TfclusterError(f"no group of cluster {spec.cluster} can take a trial (see above)")
+        try:
+            scheduler.run(usable)
+        finally:
+            _tabulate(sweep, record)
+    trials = record.trials()
     where = publish(spec, sweep, record)
     verified = sum(t.get("state") == "verified" for t in trials)
     result = record.data["best"]

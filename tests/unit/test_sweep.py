@@ -217,6 +217,30 @@ def test_the_record_keeps_what_earlier_runs_of_the_same_sweep_found_by_the_trial
     assert states == {0.0001: ("t00", "pending"), 0.001: ("t01", "pending"), 0.01: ("t02", "verified")}
 
 
+def test_a_sweep_whose_trials_are_all_verified_brings_up_no_group_and_prints_its_table(tmp_path, spec,
+                                                                                      monkeypatch, capsys):
+    """Run again after every trial was verified: no node would train, so none boots (on a cloud: no VM); the
+    table, the best trial and the record in S3 are as the first run left them. One pending trial: the groups
+    come up as before."""
+    monkeypatch.setenv("TFCLUSTER_HOME", str(tmp_path))
+    sw = sweepfile.load(write(tmp_path, "name: s2\nparameters:\n  training.learning_rate: [0.001, 0.01]\n"), spec)
+    rec = sweep.Record(spec, sw)
+    for i, trial in enumerate(rec.trials()):
+        rec.update(trial, state="verified", metric=0.5 + i, run_id=f"r{i}", group="tfct-sw", s3_prefix=f"s3://b/r{i}/")
+    monkeypatch.setattr(sweep, "ensure_groups", lambda *a: pytest.fail("brought up groups for no trial"))
+    monkeypatch.setattr(sweep, "publish", lambda *a: "s3://b/sweeps/s2/")
+    assert sweep.bring_up(spec, sw) == []
+    assert sweep.run(spec, sw) == 0
+    out = capsys.readouterr().out
+    assert "every one of its 2 trials is verified already: no group of nodes is brought up" in out
+    assert "t00" in out and "t01" in out and "sweep s2: 2 of 2 trials verified" in out
+    rec.update(rec.trials()[0], state="failed")
+    calls = []
+    monkeypatch.setattr(sweep, "ensure_groups", lambda s, parallel: calls.append(parallel) or [])
+    sweep.bring_up(spec, sw)
+    assert calls == [sw.parallel]
+
+
 def test_trials_rank_by_the_metric_in_its_direction_and_the_best_is_a_verified_one(tmp_path, spec):
     sw = sweepfile.load(write(tmp_path, "parameters:\n  training.learning_rate: [1, 2, 3, 4]\nmetric: loss\n"),
                     spec)
