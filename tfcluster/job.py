@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from tfc_harness import strategies
+from tfc_harness.errors import counted
 
 from . import store, wheelhouse
 from .config import ROLES, RunSpec
@@ -159,7 +160,7 @@ def check_files(spec: RunSpec) -> str | None:
 
 def files_text(listed: list, kind: str) -> str:
     """``1 test file``, ``2 training files``"""
-    return f"{len(listed)} {kind} file{'' if len(listed) == 1 else 's'}"
+    return counted(len(listed), f"{kind} file")
 
 
 def check_with_data(spec: RunSpec, found: str | None) -> dict:

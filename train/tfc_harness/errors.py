@@ -13,6 +13,11 @@ import re
 FINAL_EXIT_CODE = 6
 
 
+def counted(n: int, thing: str) -> str:
+    """``1 file``, ``2 files``: a count and its noun, for a message."""
+    return f"{n} {thing}{'' if n == 1 else 's'}"
+
+
 class HarnessError(RuntimeError):
     """A failure with a message meant for the operator."""
 

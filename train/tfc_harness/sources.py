@@ -21,6 +21,7 @@ import re
 from botocore.exceptions import ClientError
 
 from . import s3io
+from .errors import counted
 
 WILDCARDS = "*?["
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,62}$")
@@ -104,7 +105,7 @@ def assign(files: list[dict], num_workers: int) -> list[list[dict]]:
     if num_workers < 1:
         raise ValueError(f"need at least one worker, not {num_workers}")
     if len(files) < num_workers:
-        raise ValueError(f"{_count(len(files), 'file')} for {_count(num_workers, 'worker')}: worker {len(files)} "
+        raise ValueError(f"{counted(len(files), 'file')} for {counted(num_workers, 'worker')}: worker {len(files)} "
                          "would have no data (every worker needs at least one file; use fewer workers or more, "
                          "smaller files)")
     shares: list[list[dict]] = [[] for _ in range(num_workers)]
@@ -118,10 +119,6 @@ def assign(files: list[dict], num_workers: int) -> list[list[dict]]:
         keys = ", ".join(f["key"] for f in shares[empty[0]])
         raise ValueError(f"worker {empty[0]} would get only empty files ({keys})")
     return [sorted(share, key=lambda f: f["key"]) for share in shares]
-
-
-def _count(n: int, thing: str) -> str:
-    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 def first_bytes(s3_client, bucket: str, key: str, count: int) -> bytes:
