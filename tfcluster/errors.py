@@ -10,10 +10,14 @@ class TfclusterError(Exception):
     exit_code = EXIT_FAILURE
 
 
+#: a ConfigError's value where the field was not given at all (said as "missing", not as a default's 0 or None)
+MISSING = type("Missing", (), {"__repr__": lambda self: "MISSING"})()
+
+
 class ConfigError(TfclusterError):
     """A bad value in the configuration, an override or an argument.
 
-    The message names the field, the bad value and what is allowed.
+    The message names the field, the bad value (or that it is :data:`MISSING`) and what is allowed.
     """
 
     exit_code = EXIT_USAGE
@@ -22,7 +26,8 @@ class ConfigError(TfclusterError):
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"invalid configuration: {field}: got {value!r}; allowed: {allowed}")
+        got = "missing" if value is MISSING else f"got {value!r}"
+        super().__init__(f"invalid configuration: {field}: {got}; allowed: {allowed}")
 
 
 class ProvisionError(TfclusterError):

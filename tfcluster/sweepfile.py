@@ -30,7 +30,7 @@ import yaml
 
 from . import groups, job
 from .config import RunSpec, resolve
-from .errors import ConfigError, JobError
+from .errors import MISSING, ConfigError, JobError
 
 MAX_TRIALS = 500
 #: the training fields a sweep may vary (hparams separately); the rest shape the cluster or the job
@@ -147,7 +147,7 @@ def load(path: str | Path, spec: RunSpec) -> Sweep:
     if not isinstance(parallel, int) or isinstance(parallel, bool):
         raise _fail(path, "parallel", parallel, f"an integer from 1 to {groups.MAX_GROUPS}")
     groups.check_parallel(spec.cluster, parallel, f"sweep {path}: parallel")
-    seed, count = data.get("seed", 0), data.get("trials", 0)
+    seed, count = data.get("seed", 0), data.get("trials", MISSING)
     if method == "random":
         for key, value in (("seed", seed), ("trials", count)):
             if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "trials" else 0):
@@ -155,6 +155,8 @@ def load(path: str | Path, spec: RunSpec) -> Sweep:
     elif "trials" in data or "seed" in data:
         raise _fail(path, "trials" if "trials" in data else "seed", data.get("trials", seed),
                     "only with method: random (a grid runs every combination)")
+    else:
+        count = 0      # a grid's trials are its combinations
     checked = job.check(spec)
     allowed = ["loss", *checked["metrics"]]
     metric = str(data.get("metric", allowed[1] if len(allowed) > 1 else "loss")).removeprefix("test_")

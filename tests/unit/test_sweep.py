@@ -111,6 +111,7 @@ def test_a_swept_hparam_is_refused_when_no_trial_reads_it_and_each_trials_values
     ("method: random\ntrials: 2\nparameters:\n  training.learning_rate: {min: 0, max: 1, log: true}\n",
      "parameters.training.learning_rate", "a > 0"),
     ("method: random\nparameters:\n  hparams.units: [1]\n", "trials", "an integer ≥ 1"),
+    ("method: random\ntrials: 0\nparameters:\n  hparams.units: [1]\n", "trials", "an integer ≥ 1"),
     ("trials: 3\nparameters:\n  hparams.units: [1]\n", "trials", "only with method: random"),
     ("method: bayes\nparameters:\n  hparams.units: [1]\n", "method", "grid"),
     ("parallel: 0\nparameters:\n  hparams.units: [1]\n", "parallel", "from 1 to 9"),
@@ -128,6 +129,9 @@ def test_a_bad_sweep_file_names_the_field_and_what_is_allowed(tmp_path, spec, te
         sweepfile.load(path, spec)
     assert err.value.field == f"sweep {path}: {field}"
     assert allowed in err.value.allowed
+    # a key the file leaves out is said to be missing, not to hold its default
+    assert ("trials: missing; allowed" in str(err.value)) == (text.startswith("method: random\nparameters")), \
+        str(err.value)
 
 
 def test_a_long_cluster_name_cannot_have_groups(tmp_path):

@@ -22,7 +22,7 @@ from ..config import (
     true_false_check,
     whole_number_check,
 )
-from ..errors import ConfigError
+from ..errors import MISSING, ConfigError
 from ..tfsupport import DefaultImage
 from .base import ProviderOptions, TerraformProvider, register
 
@@ -82,7 +82,7 @@ class GcpOptions(ProviderOptions):
     def _together(self) -> GcpOptions:
         """The project is required; region, subnetwork and private nodes must fit the other options."""
         if not self.project:
-            raise ConfigError("provider_options.project", self.project,
+            raise ConfigError("provider_options.project", MISSING if self.project is None else self.project,
                               "a GCP project id (required on gcp), e.g. --set provider_options.project=my-project")
         zone = self.zone or DEFAULT_ZONE
         if self.region and not zone.startswith(self.region + "-"):
