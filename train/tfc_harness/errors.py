@@ -56,10 +56,15 @@ _LABEL_OUTSIDE_THE_CLASSES = re.compile(r"Received a label value of (-?\d+) whic
                                         r"\[0, (\d+)\)")
 
 
+def is_tensorflow_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of TensorFlow's own (an op error: its words are TensorFlow's, not a user's)."""
+    return type(exc).__module__.startswith("tensorflow")
+
+
 def label_outside_the_classes(exc: BaseException) -> tuple[int, int] | None:
     """``(label, classes)`` when ``exc`` is TensorFlow's error for a label outside the model's classes
     (``Received a label value of 4 which is outside the valid range of [0, 4)``), else None."""
-    found = _LABEL_OUTSIDE_THE_CLASSES.search(str(exc)) if type(exc).__module__.startswith("tensorflow") else None
+    found = _LABEL_OUTSIDE_THE_CLASSES.search(str(exc)) if is_tensorflow_error(exc) else None
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 

@@ -33,6 +33,8 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 
+from ..errors import is_tensorflow_error
+
 
 class Format(abc.ABC):
     """One data format. Subclasses set the attributes and implement :meth:`start` and :meth:`reader` (and
@@ -101,7 +103,7 @@ def shown_name(path):
 def bad_content(exc: BaseException) -> bool:
     """Whether ``exc`` is a TensorFlow op error raised by a reader's check of a file's content (one of the
     formats' :attr:`Format.content_errors`): the file is the same when the task starts again."""
-    if not type(exc).__module__.startswith("tensorflow"):
+    if not is_tensorflow_error(exc):
         return False
     text = str(exc)
     return any(mark in text for fmt in _FORMATS.values() for mark in fmt.content_errors)
