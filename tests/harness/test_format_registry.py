@@ -25,9 +25,11 @@ def test_the_formats_are_the_packages_modules():
 
 
 def test_a_module_dropped_into_the_package_is_a_format(tmp_path, monkeypatch):
-    """A copy of the package with one more module (``FORMAT`` a Format) lists it: nothing else to edit."""
-    copy = tmp_path / "formats_copy"
-    shutil.copytree(formats.__path__[0], copy, ignore=shutil.ignore_patterns("__pycache__"))
+    """A copy of the harness with one more module in formats/ (``FORMAT`` a Format) lists it: nothing else to
+    edit. The whole harness is copied, as formats imports its siblings (``..errors``)."""
+    harness = tmp_path / "harness_copy"
+    shutil.copytree(Path(formats.__path__[0]).parent, harness, ignore=shutil.ignore_patterns("__pycache__"))
+    copy = harness / "formats"
     (copy / "lines_files.py").write_text(
         "from . import Format\n\n\n"
         "class Lines(Format):\n    name = 'lines'\n    summary = 'one example per line'\n\n"
@@ -36,11 +38,11 @@ def test_a_module_dropped_into_the_package_is_a_format(tmp_path, monkeypatch):
         "FORMAT = Lines()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        copied = importlib.import_module("formats_copy")
+        copied = importlib.import_module("harness_copy.formats")
         assert copied.names() == ("csv", "lines", "tfrecord")
         assert "lines (one example per line)" in copied.describe()
     finally:
-        for name in [n for n in sys.modules if n == "formats_copy" or n.startswith("formats_copy.")]:
+        for name in [n for n in sys.modules if n == "harness_copy" or n.startswith("harness_copy.")]:
             del sys.modules[name]
 
 
