@@ -3,8 +3,8 @@
 Order matters: the TensorFlow environment variables (quiet logs, ``TF_CONFIG``) are set before anything
 imports TensorFlow, and the process moves into ``state_dir`` so that the relative shard path in
 :mod:`tfc_harness.records` names each node's own file.  TensorFlow's default kernels stay on (oneDNN: a
-CNN step is ~1.5x slower without them); only its C++ log level is raised, and tensors come from its BFC
-allocator (:data:`ALLOCATOR_ENV`).  The thread pools are sized
+CNN step is ~1.5x slower without them); only its C++ log level is raised, its gRPC channels ping a silent
+peer (:data:`GRPC_ENV`), and tensors come from its BFC allocator (:data:`ALLOCATOR_ENV`).  The thread pools are sized
 (:mod:`tfc_harness.threads`) before the strategy runs any op, and the task's log says how.
 """
 
@@ -29,6 +29,16 @@ TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 #: TensorFlow: the task's memory is given instead. A value in the task's environment is kept (``false``: off).
 ALLOCATOR_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 ALLOCATOR_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+#: gRPC keepalive on the channels TensorFlow opens from the task (read when a channel is made, so it holds in a
+#: task forked from the warm interpreter). Without it a call to a peer that stops answering without closing its
+#: connection (a cut link, a VM gone without a reset: a partition, a host failure) waits for TCP to give up
+#: (~15 min), and the ClusterCoordinator's join on that call holds the whole loop: a local worker's link cut
+#: for 30 s left the chief without a step for 56 s, 25 s of them after the link was back. With pings after 5 s
+#: of silence and 5 s for their answer the call fails as unavailable, the coordinator gives its steps to the
+#: other workers and takes the worker back once it answers (the same cut with 2 s / 4 s: ~8 s without a step,
+#: then one worker's rate until the link came back, then both). A 40 s function on a worker kept its channel
+#: (2 s / 4 s). A value in the task's environment is kept.
+GRPC_ENV = {"TF_GRPC_DEFAULT_OPTIONS": "grpc.keepalive_time_ms=5000,grpc.keepalive_timeout_ms=5000"}
 MEMINFO = "/proc/meminfo"
 #: the process's cgroups (``hierarchy:controllers:path`` lines) and where the hierarchies are mounted
 PROC_CGROUP = "/proc/self/cgroup"
@@ -38,9 +48,10 @@ TMP_DIR = "tmp"
 
 
 def set_tf_env() -> None:
-    """The TensorFlow variables of every task (:data:`TF_ENV`, :data:`ALLOCATOR_ENV` and its limit)."""
+    """The TensorFlow variables of every task (:data:`TF_ENV`, :data:`GRPC_ENV`, :data:`ALLOCATOR_ENV` and its
+    limit)."""
     os.environ.update(TF_ENV)
-    for key, value in ALLOCATOR_ENV.items():
+    for key, value in {**GRPC_ENV, **ALLOCATOR_ENV}.items():
         os.environ.setdefault(key, value)
     if ALLOCATOR_LIMIT_ENV not in os.environ:     # an operator's limit, or the one set by the call before
         limit = memory_mb()
