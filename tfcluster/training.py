@@ -576,9 +576,10 @@ _REMOTE_CLEANUP_NOISE = re.compile(r"^E\d{4} .*Failed to remove function remotel
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
-    """The last ``lines`` lines of a node's log, without :data:`_REMOTE_CLEANUP_NOISE` (counted instead)."""
+    """The last ``lines`` lines of a node's log, without blank lines (TensorFlow puts one after each line of an op's
+    stack: they halved the tail) and without :data:`_REMOTE_CLEANUP_NOISE` (counted instead)."""
     try:
-        text = path.read_text(errors="replace").splitlines()
+        text = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return f"(no log at {path})"
     kept = [line for line in text if not _REMOTE_CLEANUP_NOISE.match(line)]

@@ -681,8 +681,8 @@ def test_a_failed_runs_log_tail_leaves_out_tensorflows_remote_cleanup_lines(tmp_
     log = tmp_path / "node.log"
     noise = ("E0000 00:00:1795788412.5 123 context.cc:911] Failed to remove function remotely due to Unavailable: "
              "... This could happen if the remote target has been disconnected from the client.")
-    log.write_text("\n".join(["step 100/400 loss 0.3", "HarnessError: checkpoint step 7400 is beyond steps=3000",
-                              *[noise] * 40]) + "\n")
+    log.write_text("\n".join(["step 100/400 loss 0.3", "", "HarnessError: checkpoint step 7400 is beyond steps=3000",
+                              "  ", *[noise] * 40]) + "\n")
     tail = training._log_tail(log).splitlines()
     assert tail == ["step 100/400 loss 0.3", "HarnessError: checkpoint step 7400 is beyond steps=3000",
                     f"(40 lines of TensorFlow's 'Failed to remove function remotely' left out; the whole log is {log})"]
