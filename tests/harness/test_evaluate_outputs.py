@@ -47,3 +47,17 @@ def test_the_chiefs_figures_are_those_of_the_published_model(tmp_path, kind, uni
                                   evaluate.array_batches(x, y), loss, metrics)
     assert chief["test_loss"] > 4      # a confidently wrong example: far from the loss of a good model
     assert chief == pytest.approx(published, rel=1e-5, abs=1e-6)
+
+
+def test_a_test_label_outside_0_to_1_under_binary_cross_entropy_is_named_not_scored():
+    """A label of 2 under binary cross-entropy raises nothing in Keras (the loss goes negative): the evaluation,
+    the chief's and the verifier's, refuses it; labels of 0 and 1 score as before."""
+    import keras
+    from tfc_harness.errors import ModelModuleError
+
+    loss = keras.losses.BinaryCrossentropy(from_logits=True)
+    logits = np.zeros((3, 1), np.float32)
+    assert evaluate.evaluate(lambda x: x, [(logits, np.array([0, 1, 1]))], loss, [])["n"] == 3
+    with pytest.raises(ModelModuleError, match=r"the test data hold the label 2, outside 0 to 1, which "
+                                               r"BinaryCrossentropy takes"):
+        evaluate.evaluate(lambda x: x, [(logits, np.array([0, 1, 1])), (logits, np.array([1, 2, 0]))], loss, [])

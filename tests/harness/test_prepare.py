@@ -293,6 +293,28 @@ def test_module_arrays_are_stored_only_after_the_model_works_on_them(store, tmp_
     assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET, Prefix="datasets/")   # nothing half-stored
 
 
+def test_a_binary_label_past_the_probe_examples_is_refused(store, tmp_path, creds):
+    """Binary cross-entropy raises nothing on a label of 2 (the loss goes negative): make_dataset()'s labels
+    are checked whole, not only the few examples the model is tried on, before anything is stored."""
+    module = textwrap.dedent("""
+        import numpy as np
+        import keras
+        loss = keras.losses.BinaryCrossentropy(from_logits=True)
+        def make_dataset():
+            x = np.zeros((300, 2), dtype=np.float32)
+            y = np.arange(300) % 2
+            y[250] = 2              # the classes once numbered 1 and 2
+            return {"train": (x, y), "test": (x[:20], y[:20])}
+        def build_model():
+            return keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
+    """)
+    args = job(tmp_path, store, module, "", "", "csv")
+    args["data"] = None
+    with pytest.raises(ModelModuleError, match=r"make_dataset\(\)'s labels hold the label 2, outside what "
+                                               r"BinaryCrossentropy takes \(0 or 1 for a class"):
+        prepare.run(args)
+
+
 def test_tensorflow_noise_is_taken_out_of_messages():
     from tfc_harness.errors import cause
 

@@ -27,6 +27,10 @@ CASES = [
     ("tfrecord without decode", GOOD_MODEL + "loss = 'mse'\n",
      "data:\n  train: s3://tfcluster/d/train-*\n  test: s3://tfcluster/d/test-*\n",
      "model module job.py has no decode(record) function; data.format tfrecord needs one"),
+    ("a misspelt decode()", GOOD_MODEL + "loss = 'mse'\ndef decod(record):\n    return record, 0\n",
+     "data:\n  train: s3://tfcluster/d/train-*\n  test: s3://tfcluster/d/test-*\n",
+     "model module job.py has no decode(record) function (it defines decod(): a misspelt name?); data.format "
+     "tfrecord needs one"),
     ("a misspelt metrics()", GOOD_MODEL + "loss = 'mse'\ndef make_dataset(): pass\n"
      "def metric():\n    return ['mae']\n", "",
      "model module job.py defines metric() but no metrics(): a run reads metrics only, and without it reports the "

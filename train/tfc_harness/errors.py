@@ -68,10 +68,17 @@ def label_outside_the_classes(exc: BaseException) -> tuple[int, int] | None:
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 
+#: the words of the training step's check of labels under a loss that takes them between 0 and 1
+#: (:func:`tfc_harness.steps.make_replica_step`)
+LABEL_OUTSIDE_0_TO_1 = "the training data hold a label outside 0 to 1"
+
+
 def bad_labels(exc: BaseException) -> bool:
-    """Whether ``exc`` is TensorFlow's error for a label outside the model's classes: the data hold it, so a
-    restarted task meets it again."""
-    return label_outside_the_classes(exc) is not None
+    """Whether ``exc`` is TensorFlow's error for a label outside the model's classes, or the training step's for
+    a label outside 0 to 1 under a loss that takes probabilities (:data:`LABEL_OUTSIDE_0_TO_1`): the data hold
+    it, so a restarted task meets it again."""
+    return label_outside_the_classes(exc) is not None or (is_tensorflow_error(exc)
+                                                           and LABEL_OUTSIDE_0_TO_1 in str(exc))
 
 
 class ModelModuleError(FinalError):

@@ -36,12 +36,25 @@ class Evaluation:
     """The loss (mean over examples) and each metric over batches of ``(y, outputs)``."""
 
     def __init__(self, loss, metrics: list):
+        from .usermodel import probability_labels
+
         self.loss, self.metrics = loss, metrics
         self.loss_sum, self.n = 0.0, 0
+        self.probability_labels = probability_labels(loss)
 
     def update(self, y, outputs) -> None:
         import tensorflow as tf
 
+        if self.probability_labels:      # another label raises nothing there: the loss goes negative
+            labels = np.asarray(y, dtype=np.float64)
+            outside = labels[(labels < 0) | (labels > 1)]
+            if outside.size:
+                from .errors import ModelModuleError
+                from .usermodel import loss_name
+
+                raise ModelModuleError(f"the test data hold the label {outside.flat[0]:g}, outside 0 to 1, which "
+                                       f"{loss_name(self.loss)} takes (0 or 1 for a class, or a probability "
+                                       "between): number the two classes 0 and 1")
         count = len(y)
         # the batch's mean loss, whether the loss returns one value per example or reduces the batch itself
         self.loss_sum += float(tf.reduce_mean(tf.cast(self.loss(y, outputs), tf.float64))) * count

@@ -246,8 +246,9 @@ def _check_data_source(job: dict, module: ModuleType) -> None:
     """The module has what its data source needs (no TensorFlow)."""
     files = job.get("data")
     if files and formats.get(files["format"]).needs_decode and getattr(module, "decode", None) is None:
-        raise ModelModuleError(f"model module {usermodel.label(module)} has no decode(record) function; "
-                               f"data.format {files['format']} needs one to turn a record into (features, label)")
+        raise ModelModuleError(f"model module {usermodel.label(module)} has no decode(record) function"
+                               f"{usermodel.slip_hint(module, 'decode', (1,))}; data.format {files['format']} needs "
+                               "one to turn a record into (features, label)")
     if not files and not usermodel.has_dataset(module):
         raise ModelModuleError(f"model module {usermodel.label(module)} has no data: define make_dataset() "
                                "or name files in the cluster file's data.train and data.test")
@@ -294,10 +295,13 @@ def _run_arrays(job: dict, module: ModuleType, source: bytes) -> dict:
     _check_data_source(job, module)
     splits = data.splits_from_module(module)
     x, y = (a[:PROBE_EXAMPLES] for a in splits["test"])
-    stamp = _probe_stamp(job, source, *(f"{a.dtype.str}{a.shape}".encode() + a.tobytes() for a in (x, y)))
+    labels = [split[1] for split in splits.values()]     # every label is checked, not only the probe's
+    stamp = _probe_stamp(job, source, *(f"{a.dtype.str}{a.shape}".encode() + a.tobytes() for a in (x, y, *labels)))
     cached = stamp is not None and stamp.exists()
     if not cached:
         check(job, module, job.get("every_hparam_read", True))
+        for split in labels:
+            usermodel.check_probability_labels(module, usermodel.loss_fn(module), split, None)
         _check_on(module, job, x, y)
     result = _store_arrays(_client(job), job, splits)
     if stamp is not None and not cached:

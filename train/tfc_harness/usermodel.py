@@ -126,9 +126,8 @@ def load(model_module: str | ModuleType, models_dir: Path = MODELS_DIR) -> Modul
     else:
         module = _import(resolve_path(model_module, models_dir))
     if not callable(getattr(module, "build_model", None)):
-        slips = _slips_of(module, "build_model", (0, 1))
         raise ModelModuleError(f"model module {label(module)} has no build_model() function"
-                               + (f" (it defines {slips[0]}(): a misspelt name?)" if slips else ""))
+                               + slip_hint(module, "build_model", (0, 1)))
     for optional in ("make_dataset", "decode", "metrics", "make_optimizer"):
         value = getattr(module, optional, None)
         if value is not None and not callable(value):
@@ -145,6 +144,13 @@ def _module_hint(name: str, value: ModuleType) -> str:
     rebind = f"from {parent} import {leaf} as ..." if parent else f"import {leaf} as ..."
     return (f": the module {value.__name__}, bound to that name by an import; import it under another name "
             f"({rebind}): a run calls {name}() as a function the module defines")
+
+
+def slip_hint(module: ModuleType, name: str, shape) -> str:
+    """`` (it defines decod(): a misspelt name?)`` for a function missing under ``name`` (:func:`_slips_of`), or
+    ''."""
+    slips = _slips_of(module, name, shape)
+    return f" (it defines {slips[0]}(): a misspelt name?)" if slips else ""
 
 
 def _slips_of(module: ModuleType, name: str, shape) -> list[str]:
@@ -379,6 +385,31 @@ SAME_SHAPE_LOSSES = frozenset({
 #: Keras's own losses that take class ids against the outputs' scores: labels of the outputs' shape less its
 #: last axis (or with 1 there)
 SPARSE_LOSSES = frozenset({"sparsecategoricalcrossentropy"})
+#: Keras's own losses whose labels are probabilities (0 or 1 for a class, or between): a label of 2 under binary
+#: cross-entropy raises nothing, its loss goes negative and the run trained and verified a model on it (test
+#: accuracy 0.34, test loss -1.62, reported as a success)
+PROBABILITY_LOSSES = frozenset({"binarycrossentropy", "binaryfocalcrossentropy", "categoricalcrossentropy",
+                                "categoricalfocalcrossentropy"})
+
+
+def probability_labels(loss) -> bool:
+    """Whether ``loss`` is one of Keras's own that takes labels between 0 and 1 (:data:`PROBABILITY_LOSSES`)."""
+    own = getattr(loss, "keras_own", type(loss).__module__.startswith("keras."))
+    return own and loss_name(loss).replace("_", "").lower() in PROBABILITY_LOSSES
+
+
+def check_probability_labels(module: ModuleType, loss, labels, data_format: str | None) -> None:
+    """Under a loss of :data:`PROBABILITY_LOSSES`, every label (a numpy array) is between 0 and 1."""
+    if not probability_labels(loss) or not labels.size:
+        return
+    outside = labels[(labels < 0) | (labels > 1)]
+    if outside.size:
+        value = outside.flat[0].item()
+        source = "the data files" if data_format else "make_dataset()'s labels"
+        raise ModelModuleError(f"model module {label(module)}: {source} hold the label {value!r}, outside what "
+                               f"{loss_name(loss)} takes (0 or 1 for a class, or a probability between): number "
+                               "the two classes 0 and 1 (several classes: class ids from 0 under "
+                               "sparse_categorical_crossentropy, the default loss)")
 
 
 def _check_label_shape(module: ModuleType, loss, label_shape: tuple, output_shape: tuple,
@@ -661,6 +692,7 @@ def check_batch(module: ModuleType, model, x, y, loss=None, data_format: str | N
                                f"the metrics need numeric labels: have decode() or make_dataset() return them as "
                                f"numbers, e.g. class ids)")
     _check_label_shape(module, loss, tuple(np.shape(y))[1:], tuple(out.shape)[1:], data_format)
+    check_probability_labels(module, loss, labels, data_format)
     _check_not_softmax_twice(module, loss, out)
     try:
         values = np.asarray(loss(y, out))
