@@ -72,3 +72,20 @@ def test_a_keras_layer_error_gives_its_cause_eager_or_traced():
         line = cause(str(err))
         assert "of layer 'dense' is incompatible" in line and "received input with shape (2, 5)" in line, line
         assert described(err).count("Error:") == 1, described(err)
+
+
+def test_a_label_outside_the_classes_is_described_by_the_label_and_the_classes_not_the_batch():
+    """TensorFlow's error lists the batch's labels (64 numbers and more) after the one outside: the chief's
+    one-line error gives the label, the classes and what to do."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from tfc_harness.errors import described
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    with pytest.raises(tf.errors.InvalidArgumentError) as err:
+        tf.function(lambda y, out: loss(y, out))(tf.constant(np.arange(64) % 4), tf.zeros([64, 3]))
+    assert described(err.value) == (
+        "InvalidArgumentError: the training data hold the label 3, outside the model's 3 classes (class ids 0 to "
+        "2), past the first examples the controller checked: number the classes from 0, or give the model's last "
+        "layer one unit per class")

@@ -142,6 +142,14 @@ def cause(message: str) -> str:
 
 
 def described(exc: BaseException) -> str:
-    """``<type>: <cause>`` of an exception (:func:`cause`), the type once when the cause names one already."""
+    """``<type>: <cause>`` of an exception (:func:`cause`), the type once when the cause names one already; for
+    TensorFlow's error on a label outside the model's classes, what the data hold and what to do (its own words
+    list the batch's labels, 64 numbers and more)."""
+    outside = label_outside_the_classes(exc)
+    if outside:
+        value, classes = outside
+        return (f"{type(exc).__name__}: the training data hold the label {value}, outside the model's {classes} "
+                f"classes (class ids 0 to {classes - 1}), past the first examples the controller checked: number "
+                "the classes from 0, or give the model's last layer one unit per class")
     line = cause(str(exc))
     return line if _PY_ERROR.match(line) else f"{type(exc).__name__}: {line}"
