@@ -71,6 +71,8 @@ def label_outside_the_classes(exc: BaseException) -> tuple[int, int] | None:
 #: the words of the training step's check of labels under a loss that takes them between 0 and 1
 #: (:func:`tfc_harness.steps.make_replica_step`)
 LABEL_OUTSIDE_0_TO_1 = "the training data hold a label outside 0 to 1"
+#: how TensorFlow words a failed ``tf.debugging.Assert``: ``assertion failed: [<message>] [<value>]``
+_STEP_ASSERTION = re.compile(r"assertion failed: \[(" + re.escape(LABEL_OUTSIDE_0_TO_1) + r"[^\]]*)\] \[([^\]]*)\]")
 
 
 def bad_labels(exc: BaseException) -> bool:
@@ -151,5 +153,8 @@ def described(exc: BaseException) -> str:
         return (f"{type(exc).__name__}: the training data hold the label {value}, outside the model's {classes} "
                 f"classes (class ids 0 to {classes - 1}), past the first examples the controller checked: number "
                 "the classes from 0, or give the model's last layer one unit per class")
+    checked = _STEP_ASSERTION.search(str(exc)) if bad_labels(exc) else None
+    if checked:      # the training step's own check (steps.make_replica_step): its words, then the label
+        return f"{type(exc).__name__}: {checked.group(1)} {checked.group(2)}"
     line = cause(str(exc))
     return line if _PY_ERROR.match(line) else f"{type(exc).__name__}: {line}"

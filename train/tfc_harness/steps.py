@@ -27,9 +27,7 @@ def make_replica_step(model, optimizer, loss, weights=None):
     # labels between 0 and 1 under a loss that takes probabilities: another raises nothing there, the loss goes
     # negative and the model trains on nonsense (the controller checks the first records only)
     check_labels = probability_labels(loss)
-    outside = (f"{LABEL_OUTSIDE_0_TO_1}, which {loss_name(loss)} takes (0 or 1 for a class, or a probability "
-               "between): number the two classes 0 and 1 (several classes: class ids from 0 under "
-               "sparse_categorical_crossentropy); the first such label:")
+    outside = f"{LABEL_OUTSIDE_0_TO_1}, which {loss_name(loss)} takes (number the two classes 0 and 1); the first:"
 
     def replica_step(x, y):
         if check_labels:

@@ -406,7 +406,7 @@ def check_probability_labels(module: ModuleType, loss, labels, data_format: str 
     if outside.size:
         value = outside.flat[0].item()
         source = "the data files" if data_format else "make_dataset()'s labels"
-        raise ModelModuleError(f"model module {label(module)}: {source} hold the label {value!r}, outside what "
+        raise ModelModuleError(f"model module {label(module)}: {source} hold the label {value:g}, outside what "
                                f"{loss_name(loss)} takes (0 or 1 for a class, or a probability between): number "
                                "the two classes 0 and 1 (several classes: class ids from 0 under "
                                "sparse_categorical_crossentropy, the default loss)")
