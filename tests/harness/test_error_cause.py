@@ -86,6 +86,6 @@ def test_a_label_outside_the_classes_is_described_by_the_label_and_the_classes_n
     with pytest.raises(tf.errors.InvalidArgumentError) as err:
         tf.function(lambda y, out: loss(y, out))(tf.constant(np.arange(64) % 4), tf.zeros([64, 3]))
     assert described(err.value) == (
-        "InvalidArgumentError: the training data hold the label 3, outside the model's 3 classes (class ids 0 to "
+        "InvalidArgumentError: the data hold the label 3, outside the model's 3 classes (class ids 0 to "
         "2), past the first examples the controller checked: number the classes from 0, or give the model's last "
         "layer one unit per class")

@@ -58,6 +58,6 @@ def test_a_test_label_outside_0_to_1_under_binary_cross_entropy_is_named_not_sco
     loss = keras.losses.BinaryCrossentropy(from_logits=True)
     logits = np.zeros((3, 1), np.float32)
     assert evaluate.evaluate(lambda x: x, [(logits, np.array([0, 1, 1]))], loss, [])["n"] == 3
-    with pytest.raises(ModelModuleError, match=r"the test data hold the label 2, outside 0 to 1, which "
-                                               r"BinaryCrossentropy takes"):
+    with pytest.raises(ModelModuleError, match=r"the test data hold the label 2, outside 0 to 1: "
+                                               r"BinaryCrossentropy takes 0 or 1"):
         evaluate.evaluate(lambda x: x, [(logits, np.array([0, 1, 1])), (logits, np.array([1, 2, 0]))], loss, [])

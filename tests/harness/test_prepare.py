@@ -310,8 +310,8 @@ def test_a_binary_label_past_the_probe_examples_is_refused(store, tmp_path, cred
     """)
     args = job(tmp_path, store, module, "", "", "csv")
     args["data"] = None
-    with pytest.raises(ModelModuleError, match=r"make_dataset\(\)'s labels hold the label 2, outside what "
-                                               r"BinaryCrossentropy takes \(0 or 1 for a class"):
+    with pytest.raises(ModelModuleError, match=r"make_dataset\(\)'s labels hold the label 2, outside 0 to 1: "
+                                               r"BinaryCrossentropy takes 0 or 1 for a class"):
         prepare.run(args)
 
 

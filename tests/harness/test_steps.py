@@ -141,36 +141,3 @@ def test_the_loss_is_scaled_as_the_optimizer_asks(tmp_path):
     for name in ("loss_scale", "factor"):
         assert abs(got[name][0] - loss) < 1e-6 and abs(got[name][1] - weight) < 1e-6, (name, got)
 
-
-LABEL_RANGE_PROBE = """
-import json, sys
-sys.path.insert(0, {train!r})
-import keras
-import tensorflow as tf
-from tfc_harness import errors, steps
-
-def step_on(loss, y):
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3 if loss == "sparse" else 1)])
-    loss = (keras.losses.SparseCategoricalCrossentropy(from_logits=True) if loss == "sparse"
-            else keras.losses.BinaryCrossentropy(from_logits=True))
-    step = tf.function(steps.make_replica_step(model, keras.optimizers.SGD(0.01), loss), autograph=False)
-    try:
-        return float(step(tf.zeros([len(y), 4]), tf.constant(y)))
-    except tf.errors.InvalidArgumentError as exc:
-        return [errors.bad_labels(exc), errors.described(exc)]
-
-print(json.dumps({{"fine": step_on("binary", [0.0, 1.0, 0.25]), "two": step_on("binary", [0.0, 2.0, 1.0]),
-                  "sparse": step_on("sparse", [0, 2, 1])}}))
-"""
-
-
-def test_a_label_outside_0_to_1_under_binary_cross_entropy_stops_the_step_naming_it(tmp_path):
-    """Binary cross-entropy takes a label of 2 without an error (its loss goes negative): the step refuses it,
-    in words the chief shows and knows as the data's (not restarted); a sparse loss's class ids are not judged."""
-    import json
-
-    got = json.loads(run_probe(tmp_path, LABEL_RANGE_PROBE.format(train=str(TRAIN_DIR))).splitlines()[-1])
-    assert isinstance(got["fine"], float) and got["fine"] > 0 and isinstance(got["sparse"], float), got
-    final, line = got["two"]
-    assert final and line == ("InvalidArgumentError: the training data hold a label outside 0 to 1, which "
-                              "BinaryCrossentropy takes (number the two classes 0 and 1); the first: 2"), got

@@ -361,14 +361,15 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
     # a binary classifier's classes numbered 1 and 2: binary cross-entropy raises nothing, its loss goes negative
     ("import keras\nloss = keras.losses.BinaryCrossentropy(from_logits=True)\ndef build_model():\n"
      "    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])\n",
-     np.array([1, 2]), "make_dataset()'s labels hold the label 2, outside what BinaryCrossentropy takes (0 or 1 for "
-                       "a class, or a probability between): number the two classes 0 and 1"),
+     np.array([1, 2]), "make_dataset()'s labels hold the label 2, outside 0 to 1: BinaryCrossentropy takes 0 or 1 "
+                       "for a class, or a probability between: number the two classes 0 and 1"),
     ("import keras\nloss = 'binary_crossentropy'\ndef build_model():\n"
      "    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1, activation='sigmoid')])\n",
-     np.array([0.0, -1.0]), "hold the label -1, outside what binary_crossentropy takes"),
+     np.array([0.0, -1.0]), "hold the label -1, outside 0 to 1: binary_crossentropy takes 0 or 1"),
     ("import keras\nloss = 'categorical_crossentropy'\ndef build_model():\n    return keras.Sequential(["
      "keras.Input(shape=(4,)), keras.layers.Dense(3, activation='softmax')])\n",
-     np.eye(3)[[0, 2]] * 2, "hold the label 2, outside what categorical_crossentropy takes"),
+     np.eye(3)[[0, 2]] * 2, "hold the label 2, outside 0 to 1: categorical_crossentropy takes one-hot labels, or a "
+                            "probability per class: one-hot encode class ids"),
     # labels decoded as strings
     (MULTICLASS, np.array([b"0", b"1"]), "the labels are text (b'0', ...), not numbers (the loss and the metrics "
                                          "need numeric labels"),

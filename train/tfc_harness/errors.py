@@ -68,15 +68,22 @@ def label_outside_the_classes(exc: BaseException) -> tuple[int, int] | None:
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 
-#: the words of the training step's check of labels under a loss that takes them between 0 and 1
-#: (:func:`tfc_harness.steps.make_replica_step`)
+#: the words of the training data's check of labels under a loss that takes them between 0 and 1
+#: (:func:`tfc_harness.inputs.labels_between_0_and_1`)
 LABEL_OUTSIDE_0_TO_1 = "the training data hold a label outside 0 to 1"
 #: how TensorFlow words a failed ``tf.debugging.Assert``: ``assertion failed: [<message>] [<value>]``
 _STEP_ASSERTION = re.compile(r"assertion failed: \[(" + re.escape(LABEL_OUTSIDE_0_TO_1) + r"[^\]]*)\] \[([^\]]*)\]")
 
 
+def outside_the_classes(value: int, classes: int, where: str = "") -> str:
+    """What the data hold and what to do, for TensorFlow's error on a label outside the model's classes
+    (:func:`label_outside_the_classes`); ``where``: the words after the classes (which examples)."""
+    return (f"the data hold the label {value}, outside the model's {classes} classes (class ids 0 to "
+            f"{classes - 1}){where}: number the classes from 0, or give the model's last layer one unit per class")
+
+
 def bad_labels(exc: BaseException) -> bool:
-    """Whether ``exc`` is TensorFlow's error for a label outside the model's classes, or the training step's for
+    """Whether ``exc`` is TensorFlow's error for a label outside the model's classes, or the training data's for
     a label outside 0 to 1 under a loss that takes probabilities (:data:`LABEL_OUTSIDE_0_TO_1`): the data hold
     it, so a restarted task meets it again."""
     return label_outside_the_classes(exc) is not None or (is_tensorflow_error(exc)
@@ -150,11 +157,10 @@ def described(exc: BaseException) -> str:
     outside = label_outside_the_classes(exc)
     if outside:
         value, classes = outside
-        return (f"{type(exc).__name__}: the training data hold the label {value}, outside the model's {classes} "
-                f"classes (class ids 0 to {classes - 1}), past the first examples the controller checked: number "
-                "the classes from 0, or give the model's last layer one unit per class")
+        return f"{type(exc).__name__}: " + outside_the_classes(value, classes,
+                                                               ", past the first examples the controller checked")
     checked = _STEP_ASSERTION.search(str(exc)) if bad_labels(exc) else None
-    if checked:      # the training step's own check (steps.make_replica_step): its words, then the label
+    if checked:      # the training data's own check (inputs.labels_between_0_and_1): its words, then the label
         return f"{type(exc).__name__}: {checked.group(1)} {checked.group(2)}"
     line = cause(str(exc))
     return line if _PY_ERROR.match(line) else f"{type(exc).__name__}: {line}"

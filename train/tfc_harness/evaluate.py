@@ -50,11 +50,10 @@ class Evaluation:
             outside = labels[(labels < 0) | (labels > 1)]
             if outside.size:
                 from .errors import ModelModuleError
-                from .usermodel import loss_name
+                from .usermodel import probability_label_advice, shown_label
 
-                raise ModelModuleError(f"the test data hold the label {outside.flat[0]:g}, outside 0 to 1, which "
-                                       f"{loss_name(self.loss)} takes (0 or 1 for a class, or a probability "
-                                       "between): number the two classes 0 and 1")
+                raise ModelModuleError(f"the test data hold the label {shown_label(outside.flat[0])}, outside 0 to "
+                                       f"1: {probability_label_advice(self.loss)}")
         count = len(y)
         # the batch's mean loss, whether the loss returns one value per example or reduces the batch itself
         self.loss_sum += float(tf.reduce_mean(tf.cast(self.loss(y, outputs), tf.float64))) * count

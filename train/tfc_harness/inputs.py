@@ -143,14 +143,13 @@ class FileInput:
 
     def dataset_fn(self, batch_size: int):
         read, shuffle = self.reader(), self.shuffle_examples()
+        checked = labels_between_0_and_1(self.module)
 
         def dataset_fn():
             from . import stream
 
-            return (read(stream.file_names())
-                    .shuffle(shuffle)
-                    .batch(batch_size, drop_remainder=True)
-                    .prefetch(2))
+            batches = read(stream.file_names()).shuffle(shuffle).batch(batch_size, drop_remainder=True)
+            return (batches.map(checked) if checked else batches).prefetch(2)
 
         return dataset_fn
 
@@ -216,3 +215,32 @@ def verify_spec(client, bucket: str, dataset_prefix: str, files: dict | None, di
         paths.append(str(path))
     return {"source": "files", "format": files["format"], "paths": paths, "columns": files.get("columns"),
             "label": files.get("label"), "dir": str(directory)}
+
+
+def labels_between_0_and_1(module: ModuleType | None):
+    """A map over ``(features, labels)`` batches that fails on a label outside 0 to 1 where the module's loss
+    takes probabilities (:func:`tfc_harness.usermodel.probability_labels`), else None: such a loss raises nothing
+    on a 2, its loss goes negative and the model trains on nonsense. The controller checks the files' first
+    records only; this checks the rest, in the reader on the task's CPU (in the step it cost every step a
+    condition, on a GPU a copy of it to the host). A failure is final (:func:`tfc_harness.errors.bad_labels`)."""
+    if module is None:
+        return None
+    from . import usermodel
+    from .errors import LABEL_OUTSIDE_0_TO_1
+
+    loss = usermodel.loss_fn(module)
+    if not usermodel.probability_labels(loss):
+        return None
+    import tensorflow as tf
+
+    message = f"{LABEL_OUTSIDE_0_TO_1}: {usermodel.probability_label_advice(loss)}; the first:"
+
+    def checked(x, y):
+        labels = tf.reshape(tf.cast(y, tf.float32), [-1])
+        outside = tf.logical_or(labels < 0.0, labels > 1.0)
+        fits = tf.debugging.Assert(tf.logical_not(tf.reduce_any(outside)),
+                                   [message, tf.boolean_mask(labels, outside)[:1]])
+        with tf.control_dependencies([fits]):
+            return x, tf.identity(y)
+
+    return checked

@@ -29,15 +29,17 @@ TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 #: TensorFlow: the task's memory is given instead. A value in the task's environment is kept (``false``: off).
 ALLOCATOR_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
 ALLOCATOR_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
-#: gRPC keepalive on the channels TensorFlow opens from the task (read when a channel is made, so it holds in a
-#: task forked from the warm interpreter). Without it a call to a peer that stops answering without closing its
-#: connection (a cut link, a VM gone without a reset: a partition, a host failure) waits for TCP to give up
-#: (~15 min), and the ClusterCoordinator's join on that call holds the whole loop: a local worker's link cut
-#: for 30 s left the chief without a step for 56 s, 25 s of them after the link was back. With pings after 5 s
-#: of silence and 5 s for their answer the call fails as unavailable, the coordinator gives its steps to the
-#: other workers and takes the worker back once it answers (the same cut with 2 s / 4 s: ~8 s without a step,
-#: then one worker's rate until the link came back, then both). A 40 s function on a worker kept its channel
-#: (2 s / 4 s). A value in the task's environment is kept.
+#: gRPC keepalive on the channels TensorFlow opens from the task (read once, when the process makes its first
+#: channel: after the fork from the warm interpreter, which makes none). Without it a call to a peer that stops
+#: answering without closing its connection (a cut link, a VM gone without a reset: a partition, a host failure)
+#: waits for TCP to give up (~15 min), and the ClusterCoordinator's join on that call holds the whole loop: a local
+#: worker's link cut for 30 s left the chief without a step for 56 s, 25 s of them after the link was back. With
+#: pings after 5 s of silence and 5 s for their answer the call fails as unavailable, the coordinator gives its
+#: steps to the other workers and takes the worker back once it answers (the same cut with 2 s / 4 s: ~8 s without a
+#: step, then one worker's rate until the link came back, then both). It covers a cut while calls come and go (a
+#: scheduled function is a few tenths of a second): gRPC sends a silent transport 2 pings at most, and TensorFlow's
+#: servers keep gRPC's ping policy (it refuses more), so a call silent for longer is waited for as before; a 40 s
+#: function on a worker kept its channel (2 s / 4 s). A value in the task's environment is kept.
 GRPC_ENV = {"TF_GRPC_DEFAULT_OPTIONS": "grpc.keepalive_time_ms=5000,grpc.keepalive_timeout_ms=5000"}
 MEMINFO = "/proc/meminfo"
 #: the process's cgroups (``hierarchy:controllers:path`` lines) and where the hierarchies are mounted

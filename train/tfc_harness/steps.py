@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 
-from .errors import LABEL_OUTSIDE_0_TO_1
-
 
 def make_replica_step(model, optimizer, loss, weights=None):
     """One step on one replica's batch; ``loss(y_true, y_pred)`` is the module's loss (see
@@ -20,20 +18,10 @@ def make_replica_step(model, optimizer, loss, weights=None):
     None, the model reads its own variables; a :class:`tfc_harness.packing.Packed`, in one tensor per ps."""
     import tensorflow as tf
 
-    from .usermodel import loss_name, probability_labels
-
     leave_replica_scaling_to_the_step()
     weights = weights or OwnVariables(model)
-    # labels between 0 and 1 under a loss that takes probabilities: another raises nothing there, the loss goes
-    # negative and the model trains on nonsense (the controller checks the first records only)
-    check_labels = probability_labels(loss)
-    outside = f"{LABEL_OUTSIDE_0_TO_1}, which {loss_name(loss)} takes (number the two classes 0 and 1); the first:"
 
     def replica_step(x, y):
-        if check_labels:
-            labels = tf.reshape(tf.cast(y, tf.float32), [-1])
-            bad = tf.logical_or(labels < 0.0, labels > 1.0)
-            tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [outside, tf.boolean_mask(labels, bad)[:1]])
         with tf.GradientTape() as tape, weights.reading(tape) as values:
             out = model(x, training=True)
             value = tf.reduce_mean(loss(y, out))

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import ModelModuleError, label_outside_the_classes, message_lines
+from .errors import ModelModuleError, label_outside_the_classes, message_lines, outside_the_classes
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -392,10 +392,29 @@ PROBABILITY_LOSSES = frozenset({"binarycrossentropy", "binaryfocalcrossentropy",
                                 "categoricalfocalcrossentropy"})
 
 
+def _keras_own(loss) -> bool:
+    """Whether ``loss`` is one of Keras's own (a class of it, or a name or function Keras resolved)."""
+    return getattr(loss, "keras_own", type(loss).__module__.startswith("keras."))
+
+
 def probability_labels(loss) -> bool:
     """Whether ``loss`` is one of Keras's own that takes labels between 0 and 1 (:data:`PROBABILITY_LOSSES`)."""
-    own = getattr(loss, "keras_own", type(loss).__module__.startswith("keras."))
-    return own and loss_name(loss).replace("_", "").lower() in PROBABILITY_LOSSES
+    return _keras_own(loss) and loss_name(loss).replace("_", "").lower() in PROBABILITY_LOSSES
+
+
+def probability_label_advice(loss) -> str:
+    """What a loss of :data:`PROBABILITY_LOSSES` takes, and what to do about a label outside 0 to 1."""
+    name = loss_name(loss)
+    if name.replace("_", "").lower().startswith("binary"):
+        return f"{name} takes 0 or 1 for a class, or a probability between: number the two classes 0 and 1"
+    return (f"{name} takes one-hot labels, or a probability per class: one-hot encode class ids, or give them to "
+            "sparse_categorical_crossentropy (the default loss)")
+
+
+def shown_label(value) -> str:
+    """A label in a message: ``2`` for 2.0, ``0.5``, ``1000000``."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(value)
 
 
 def check_probability_labels(module: ModuleType, loss, labels, data_format: str | None) -> None:
@@ -404,12 +423,9 @@ def check_probability_labels(module: ModuleType, loss, labels, data_format: str 
         return
     outside = labels[(labels < 0) | (labels > 1)]
     if outside.size:
-        value = outside.flat[0].item()
         source = "the data files" if data_format else "make_dataset()'s labels"
-        raise ModelModuleError(f"model module {label(module)}: {source} hold the label {value:g}, outside what "
-                               f"{loss_name(loss)} takes (0 or 1 for a class, or a probability between): number "
-                               "the two classes 0 and 1 (several classes: class ids from 0 under "
-                               "sparse_categorical_crossentropy, the default loss)")
+        raise ModelModuleError(f"model module {label(module)}: {source} hold the label "
+                               f"{shown_label(outside.flat[0])}, outside 0 to 1: {probability_label_advice(loss)}")
 
 
 def _check_label_shape(module: ModuleType, loss, label_shape: tuple, output_shape: tuple,
@@ -419,7 +435,7 @@ def _check_label_shape(module: ModuleType, loss, label_shape: tuple, output_shap
     sparse one (:data:`SPARSE_LOSSES`) the outputs' shape less its last axis. Otherwise Keras broadcasts them,
     ``[3]`` labels against a ``[1]`` output say, and trains on nonsense without an error. Other losses (CTC,
     a loss of the module's own) may want other shapes: not judged."""
-    if not getattr(loss, "keras_own", type(loss).__module__.startswith("keras.")):
+    if not _keras_own(loss):
         return
     name = loss_name(loss)
     wanted = _wanted_labels(name, SAME_SHAPE_LOSSES, SPARSE_LOSSES, label_shape, output_shape)
@@ -701,10 +717,8 @@ def check_batch(module: ModuleType, model, x, y, loss=None, data_format: str | N
         outside = None if hint else label_outside_the_classes(exc)
         if outside:     # (TensorFlow's words name its op and list the batch's labels)
             value, classes = outside
-            raise ModelModuleError(f"model module {label(module)}: the loss fails on {shapes}: the data hold the "
-                                   f"label {value}, outside the model's {classes} classes (class ids 0 to "
-                                   f"{classes - 1}): number the classes from 0, or give the model's last layer one "
-                                   "unit per class") from exc
+            raise ModelModuleError(f"model module {label(module)}: the loss fails on {shapes}: "
+                                   + outside_the_classes(value, classes)) from exc
         raise ModelModuleError(f"model module {label(module)}: the loss fails on {shapes}: "
                                f"{type(exc).__name__}: {reason(exc)}{hint}") from exc
     n = len(x)
