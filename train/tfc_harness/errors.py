@@ -72,7 +72,7 @@ def label_outside_the_classes(exc: BaseException) -> tuple[int, int] | None:
 #: (:func:`tfc_harness.inputs.labels_between_0_and_1`)
 LABEL_OUTSIDE_0_TO_1 = "the training data hold a label outside 0 to 1"
 #: how TensorFlow words a failed ``tf.debugging.Assert``: ``assertion failed: [<message>] [<value>]``
-_STEP_ASSERTION = re.compile(r"assertion failed: \[(" + re.escape(LABEL_OUTSIDE_0_TO_1) + r"[^\]]*)\] \[([^\]]*)\]")
+_LABEL_ASSERTION = re.compile(r"assertion failed: \[(" + re.escape(LABEL_OUTSIDE_0_TO_1) + r"[^\]]*)\] \[([^\]]*)\]")
 
 
 def outside_the_classes(value: int, classes: int, where: str = "") -> str:
@@ -159,7 +159,7 @@ def described(exc: BaseException) -> str:
         value, classes = outside
         return f"{type(exc).__name__}: " + outside_the_classes(value, classes,
                                                                ", past the first examples the controller checked")
-    checked = _STEP_ASSERTION.search(str(exc)) if bad_labels(exc) else None
+    checked = _LABEL_ASSERTION.search(str(exc)) if bad_labels(exc) else None
     if checked:      # the training data's own check (inputs.labels_between_0_and_1): its words, then the label
         return f"{type(exc).__name__}: {checked.group(1)} {checked.group(2)}"
     line = cause(str(exc))
