@@ -295,7 +295,7 @@ def test_module_arrays_are_stored_only_after_the_model_works_on_them(store, tmp_
 
 def test_a_binary_label_past_the_probe_examples_is_refused(store, tmp_path, creds):
     """Binary cross-entropy raises nothing on a label of 2 (the loss goes negative): make_dataset()'s labels
-    are checked whole, not only the few examples the model is tried on, before anything is stored."""
+    are checked whole (its training split here), not only the few test examples the model is tried on."""
     module = textwrap.dedent("""
         import numpy as np
         import keras
