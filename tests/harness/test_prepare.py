@@ -286,7 +286,7 @@ def test_module_arrays_are_stored_only_after_the_model_works_on_them(store, tmp_
     """)
     args = job(tmp_path, store, module, "", "", "csv")
     args["data"] = None
-    with pytest.raises(ModelModuleError, match="the loss fails on labels of shape"):
+    with pytest.raises(ModelModuleError, match="the data hold the label 4, outside the model's 3 classes"):
         prepare.run(args)
     s3 = boto3.client("s3", endpoint_url=store, region_name="us-east-1", aws_access_key_id="testing",
                       aws_secret_access_key="testing")
@@ -372,7 +372,7 @@ def test_a_passed_check_of_module_arrays_is_not_run_again(store, tmp_path):
 
     # other examples, the module file unchanged, are checked again: a label of 3 fails a 3-class loss
     proc = _run_job(args, TEST_LABELS="0,1,3,0")
-    assert proc.returncode == 2 and "the loss fails on labels of shape (4,)" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "the label 3, outside the model's 3 classes" in proc.stderr, proc.stderr[-2000:]
     assert len(list((tmp_path / "probes").iterdir())) == 1                      # a failed check leaves no stamp
     proc = _run_job(args, TEST_LABELS="2,1,0,0")
     assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-2])["probe"] == "checked", proc.stderr
@@ -380,7 +380,7 @@ def test_a_passed_check_of_module_arrays_is_not_run_again(store, tmp_path):
     # another model in the same file is checked again: 2 classes while the labels go up to 2 fails the loss
     (tmp_path / "job.py").write_text(textwrap.dedent(ARRAYS_MODEL.replace("CLASSES = 3", "CLASSES = 2")))
     proc = _run_job(args)
-    assert proc.returncode == 2 and "the loss fails on labels of shape (4,)" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "the label 2, outside the model's 2 classes" in proc.stderr, proc.stderr[-2000:]
     assert len(list((tmp_path / "probes").iterdir())) == 2
 
 

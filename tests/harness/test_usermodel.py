@@ -284,7 +284,8 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
 
 @pytest.mark.parametrize("body, y, fragment", [
     # class ids beyond the model's 3 outputs
-    (MULTICLASS, np.array([0, 7]), "the loss fails on labels of shape (2,) and model outputs of shape (2, 3)"),
+    (MULTICLASS, np.array([0, 7]), "model module misfit.py: the data hold the label 7, outside the model's 3 classes "
+                                   "(class ids 0 to 2) among the 2 examples checked"),
     # binary labels for a model with 3 outputs and a binary loss
     ("import keras\nloss = 'binary_crossentropy'\n"
      "def build_model():\n    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(3)])\n",
@@ -355,9 +356,9 @@ def test_a_model_that_is_built_later_may_read_its_hparams_then(tmp_path):
      np.array([0, 2]), "build_model() returned a model with several outputs (list of 2); tfcluster trains a model "
                        "with one output tensor"),
     # class ids from 1 (or a model of too few units): the label and the classes, not TensorFlow's op names
-    (MULTICLASS, np.array([1, 3]), "the loss fails on labels of shape (2,) and model outputs of shape (2, 3): the data "
-                                   "hold the label 3, outside the model's 3 classes (class ids 0 to 2): number the "
-                                   "classes from 0, or give the model's last layer one unit per class"),
+    (MULTICLASS, np.array([1, 3]), "the data hold the label 3, outside the model's 3 classes (class ids 0 to 2) among "
+                                   "the 2 examples checked: number the classes from 0, or give the model's last layer "
+                                   "one unit per class"),
     # a binary classifier's classes numbered 1 and 2: binary cross-entropy raises nothing, its loss goes negative
     ("import keras\nloss = keras.losses.BinaryCrossentropy(from_logits=True)\ndef build_model():\n"
      "    return keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])\n",

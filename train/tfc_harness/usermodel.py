@@ -717,8 +717,9 @@ def check_batch(module: ModuleType, model, x, y, loss=None, data_format: str | N
         outside = None if hint else label_outside_the_classes(exc)
         if outside:     # (TensorFlow's words name its op and list the batch's labels)
             value, classes = outside
-            raise ModelModuleError(f"model module {label(module)}: the loss fails on {shapes}: "
-                                   + outside_the_classes(value, classes)) from exc
+            # said without the batch's shapes: "labels of shape (8,)" (the examples checked) read as 8 features
+            raise ModelModuleError(f"model module {label(module)}: " + outside_the_classes(
+                value, classes, f" among the {len(labels)} examples checked")) from exc
         raise ModelModuleError(f"model module {label(module)}: the loss fails on {shapes}: "
                                f"{type(exc).__name__}: {reason(exc)}{hint}") from exc
     n = len(x)
