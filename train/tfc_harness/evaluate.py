@@ -46,14 +46,14 @@ class Evaluation:
         import tensorflow as tf
 
         if self.probability_labels:      # another label raises nothing there: the loss goes negative
-            labels = np.asarray(y, dtype=np.float64)
-            outside = labels[(labels < 0) | (labels > 1)]
-            if outside.size:
-                from .errors import ModelModuleError
-                from .usermodel import probability_label_advice, shown_label
+            from .usermodel import outside_0_to_1, probability_label_advice, shown_label
 
-                raise ModelModuleError(f"the test data hold the label {shown_label(outside.flat[0])}, outside 0 to "
-                                       f"1: {probability_label_advice(self.loss)}")
+            value = outside_0_to_1(y)
+            if value is not None:
+                from .errors import ModelModuleError
+
+                raise ModelModuleError(f"the test data hold the label {shown_label(value)}, outside 0 to 1: "
+                                       f"{probability_label_advice(self.loss)}")
         count = len(y)
         # the batch's mean loss, whether the loss returns one value per example or reduces the batch itself
         self.loss_sum += float(tf.reduce_mean(tf.cast(self.loss(y, outputs), tf.float64))) * count

@@ -417,15 +417,22 @@ def shown_label(value) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
+def outside_0_to_1(labels) -> float | None:
+    """The first of ``labels`` (an array or tensor) below 0 or above 1, or None."""
+    import numpy as np
+
+    values = np.asarray(labels, dtype=np.float64)
+    outside = values[(values < 0) | (values > 1)]
+    return float(outside.flat[0]) if outside.size else None
+
+
 def check_probability_labels(module: ModuleType, loss, labels, data_format: str | None) -> None:
     """Under a loss of :data:`PROBABILITY_LOSSES`, every label (a numpy array) is between 0 and 1."""
-    if not probability_labels(loss) or not labels.size:
-        return
-    outside = labels[(labels < 0) | (labels > 1)]
-    if outside.size:
+    value = outside_0_to_1(labels) if probability_labels(loss) else None
+    if value is not None:
         source = "the data files" if data_format else "make_dataset()'s labels"
-        raise ModelModuleError(f"model module {label(module)}: {source} hold the label "
-                               f"{shown_label(outside.flat[0])}, outside 0 to 1: {probability_label_advice(loss)}")
+        raise ModelModuleError(f"model module {label(module)}: {source} hold the label {shown_label(value)}, "
+                               f"outside 0 to 1: {probability_label_advice(loss)}")
 
 
 def _check_label_shape(module: ModuleType, loss, label_shape: tuple, output_shape: tuple,
