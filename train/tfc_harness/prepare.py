@@ -300,8 +300,9 @@ def _run_arrays(job: dict, module: ModuleType, source: bytes) -> dict:
     cached = stamp is not None and stamp.exists()
     if not cached:
         check(job, module, job.get("every_hparam_read", True))
+        loss = usermodel.loss_fn(module)
         for split in labels:
-            usermodel.check_probability_labels(module, usermodel.loss_fn(module), split, None)
+            usermodel.check_probability_labels(module, loss, split, None)
         _check_on(module, job, x, y)
     result = _store_arrays(_client(job), job, splits)
     if stamp is not None and not cached:
